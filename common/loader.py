@@ -1,0 +1,63 @@
+"""Resolve a model name (preset or local HF directory) and load its config, weights, tokenizer."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from . import smollm2
+from .model_config import ModelConfig
+from .presets import PRESETS, SMOLLM2, describe_presets
+from .tokenizer import Tokenizer
+from .weights import load_safetensors, random_weights
+
+
+@dataclass
+class ModelSource:
+    """Where a model comes from, before any weights are read."""
+    name: str
+    kind: str                     # "gguf", "random" or "dir"
+    hf_config: object             # transformers PretrainedConfig
+    hf_dir: Path | None           # HF directory with real weights (None for random presets)
+    seed: int = 0
+
+    @cached_property
+    def config(self) -> ModelConfig:
+        return ModelConfig.from_hf(self.hf_config)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        # Random presets borrow SmolLM2's tokenizer (converted once, on first text use).
+        return Tokenizer(self.hf_dir if self.hf_dir else smollm2.converted_dir())
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+    def load_weights(self, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Weights under our names (see common.weights), on device, in dtype."""
+        if self.hf_dir is not None:
+            return load_safetensors(self.hf_dir, device, dtype)
+        return random_weights(self.config, self.seed, device, dtype)
+
+
+def resolve(name_or_path: str, seed: int = 0) -> ModelSource:
+    """A preset name or a local HF directory (Llama or Qwen2 family); clear error otherwise."""
+    from transformers import AutoConfig
+
+    if name_or_path in PRESETS:
+        preset = PRESETS[name_or_path]
+        if preset.kind == "gguf":
+            folder = smollm2.converted_dir()
+            return ModelSource(SMOLLM2, "gguf", AutoConfig.from_pretrained(str(folder)), folder)
+        cfg = dict(preset.hf_config)
+        hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        return ModelSource(preset.name, "random", hf_config, None, seed)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return ModelSource(str(path), "dir", AutoConfig.from_pretrained(str(path)), path)
+    raise ValueError(f"unknown model {name_or_path!r}: not a preset and not a local HF directory "
+                     f"with config.json.\nPresets:\n{describe_presets()}")

@@ -1,0 +1,100 @@
+"""ModelConfig: the architecture numbers an engine needs, read from an HF config."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    tie_word_embeddings: bool
+    qkv_bias: bool                      # Qwen2 has biases on q/k/v projections
+    rope_scaling: dict | None = None    # None or Llama-3 style {"rope_type": "llama3", ...}
+
+    @classmethod
+    def from_hf(cls, hf) -> "ModelConfig":
+        """Build from a transformers PretrainedConfig (Llama or Qwen2 family)."""
+        if hf.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {hf.model_type!r} is not supported; "
+                             f"supported: {SUPPORTED_MODEL_TYPES}")
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        qkv_bias = hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False))
+        if getattr(hf, "mlp_bias", False):
+            raise ValueError("mlp_bias=True checkpoints are not supported")
+        return cls(
+            model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
+            num_heads=hf.num_attention_heads,
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+            head_dim=head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=_rope_theta(hf),
+            max_position=hf.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=qkv_bias, rope_scaling=_rope_scaling(hf))
+
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
+        per_layer = attn + 3 * d * f + 2 * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+def _rope_params(hf) -> dict:
+    # transformers 5 keeps theta and scaling in `rope_parameters`; 4.x in rope_theta/rope_scaling.
+    params = getattr(hf, "rope_parameters", None)
+    return dict(params) if isinstance(params, dict) else {}
+
+
+def _rope_theta(hf) -> float:
+    return float(_rope_params(hf).get("rope_theta") or getattr(hf, "rope_theta", 10000.0))
+
+
+def _rope_scaling(hf) -> dict | None:
+    scaling = getattr(hf, "rope_scaling", None) or _rope_params(hf)
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type in (None, "default"):
+        return None
+    if rope_type != "llama3":
+        raise ValueError(f"rope scaling {rope_type!r} is not supported (only default and llama3)")
+    return dict(scaling)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """(head_dim // 2,) fp32 inverse frequencies, with Llama-3 wavelength scaling if configured."""
+    exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** exponents)
+    if cfg.rope_scaling is None:
+        return inv_freq
+    return _llama3_scale(inv_freq, cfg.rope_scaling)
+
+
+def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, blended, scaled)

@@ -1,0 +1,106 @@
+"""Weight files and names: HF safetensors in, our short parameter names out.
+
+Every phase's model uses the same short names, so one mapping serves all of them:
+  model.layers.3.self_attn.q_proj.weight -> layers.3.attn.q_proj.weight
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .model_config import ModelConfig
+
+# (HF pattern, our name); applied in order, first match wins.
+HF_TO_OURS = [
+    (r"^model\.embed_tokens\.", "embed."),
+    (r"^model\.norm\.", "norm."),
+    (r"^lm_head\.", "lm_head."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.mlp_norm."),
+    (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
+    (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
+]
+OURS_TO_HF = [
+    (r"^embed\.", "model.embed_tokens."), (r"^norm\.", "model.norm."), (r"^lm_head\.", "lm_head."),
+    (r"^layers\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
+    (r"^layers\.(\d+)\.mlp_norm\.", r"model.layers.\1.post_attention_layernorm."),
+    (r"^layers\.(\d+)\.attn\.", r"model.layers.\1.self_attn."),
+    (r"^layers\.(\d+)\.mlp\.", r"model.layers.\1.mlp."),
+]
+
+
+def _rename(name: str, table) -> str | None:
+    for pattern, repl in table:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    return None
+
+
+def hf_to_ours(name: str) -> str | None:
+    """Our name for an HF tensor name; None for tensors we do not use (e.g. rotary caches)."""
+    return _rename(name, HF_TO_OURS)
+
+
+def ours_to_hf(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {_rename(k, OURS_TO_HF): v for k, v in weights.items()}
+
+
+def load_safetensors(folder: Path, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """All *.safetensors in `folder`, renamed to our names, cast to dtype on device."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    weights = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for hf_name in f.keys():
+                ours = hf_to_ours(hf_name)
+                if ours is not None:
+                    weights[ours] = f.get_tensor(hf_name).to(device=device, dtype=dtype)
+    return weights
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of a Llama/Qwen2 model under our names."""
+    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    shapes = {"embed.weight": (cfg.vocab_size, d), "norm.weight": (d,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, d)
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes |= {p + "attn_norm.weight": (d,), p + "mlp_norm.weight": (d,),
+                   p + "attn.q_proj.weight": (q, d), p + "attn.k_proj.weight": (kv, d),
+                   p + "attn.v_proj.weight": (kv, d), p + "attn.o_proj.weight": (d, q),
+                   p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                   p + "mlp.down_proj.weight": (d, f)}
+        if cfg.qkv_bias:
+            shapes |= {p + "attn.q_proj.bias": (q,), p + "attn.k_proj.bias": (kv,), p + "attn.v_proj.bias": (kv,)}
+    return shapes
+
+
+def random_weights(cfg: ModelConfig, seed: int, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Seeded random weights, drawn on `device` (deterministic per device and seed).
+
+    Scales keep activations O(1) through the stack so logits are well separated and greedy
+    decoding is not decided by rounding: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1).
+    """
+    return {name: _random_tensor(name, shape, seed, device, dtype)
+            for name, shape in param_shapes(cfg).items()}
+
+
+def _random_tensor(name, shape, seed, device, dtype) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, device=device, dtype=dtype)
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    if name.endswith("bias"):
+        x *= 0.1
+    elif not name.startswith("embed"):
+        x *= shape[-1] ** -0.5
+    return x.to(dtype)
