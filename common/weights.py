@@ -88,7 +88,9 @@ def random_weights(cfg: ModelConfig, seed: int, device: str, dtype: torch.dtype)
     """Seeded random weights, drawn on `device` (deterministic per device and seed).
 
     Scales keep activations O(1) through the stack so logits are well separated and greedy
-    decoding is not decided by rounding: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1).
+    decoding is not decided by rounding: linears and embeddings ~ N(0, 1/hidden). Block outputs
+    (o_proj, down_proj) are 4x larger so that the residual stream is not just the input
+    embedding; with a tied head that makes a model repeat its last token forever.
     """
     return {name: _random_tensor(name, shape, seed, device, dtype)
             for name, shape in param_shapes(cfg).items()}
@@ -101,6 +103,6 @@ def _random_tensor(name, shape, seed, device, dtype) -> torch.Tensor:
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
     if name.endswith("bias"):
         x *= 0.1
-    elif not name.startswith("embed"):
-        x *= shape[-1] ** -0.5
+    else:
+        x *= shape[-1] ** -0.5 * (4.0 if name.endswith(("o_proj.weight", "down_proj.weight")) else 1.0)
     return x.to(dtype)
