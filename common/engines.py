@@ -1,0 +1,28 @@
+"""Engine names used by the bench harness: "p03" (a phase's LLM), "hf-generate", "hf-static"."""
+from __future__ import annotations
+
+import importlib
+import re
+
+from .results import ROOT
+
+HF_ENGINES = {"hf-generate": "eager", "hf-static": "static"}
+
+
+def phase_folder(name: str) -> str:
+    """"p03" or "p03_vectorized_gather" -> "p03_vectorized_gather"."""
+    m = re.fullmatch(r"(p\d\d)(_\w+)?", name)
+    found = sorted((ROOT / "phases").glob(f"{m.group(1)}_*")) if m else []
+    if not found:
+        raise ValueError(f"unknown engine {name!r}: use a phase like 'p01' or one of {sorted(HF_ENGINES)}")
+    return found[0].name
+
+
+def make_engine(name: str, preset: str, device: str, dtype: str, **options):
+    """Build an engine with the common generate() API; benchmarks skip detokenizing."""
+    if name in HF_ENGINES:
+        from .hf_reference import HFEngine
+        return HFEngine(preset, mode=HF_ENGINES[name], device=device, dtype=dtype,
+                        detokenize=False, **options)
+    module = importlib.import_module(f"phases.{phase_folder(name)}")
+    return module.LLM(preset, device=device, dtype=dtype, detokenize=False, **options)

@@ -1,0 +1,67 @@
+"""Result files: lists of records with provenance (DESIGN section 6), and reading them back."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def git_sha() -> str:
+    """The commit measured; MINI_INFER_GIT_SHA overrides it where the tree has no .git."""
+    if os.environ.get("MINI_INFER_GIT_SHA"):
+        return os.environ["MINI_INFER_GIT_SHA"]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "common", "phases"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:   # noqa: BLE001 - a missing optional package is just "None"
+        return None
+
+
+def provenance(device_name: str) -> dict:
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git_sha": git_sha(), "device": device_name, "host_cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
+        "transformers": _version("transformers"), "cuda": torch.version.cuda,
+        "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def device_tag(device_name: str) -> str:
+    """File-name tag for a device: "NVIDIA H200" -> "h200", "cpu" -> "cpu"."""
+    return device_name.split()[-1].lower() if device_name != "cpu" else "cpu"
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records, indent=1) + "\n")
+
+
+def read_records(phase: str | None = None) -> list[dict]:
+    """Every record under results/ (or one phase's folder)."""
+    folders = [RESULTS / phase] if phase else sorted(p for p in RESULTS.iterdir() if p.is_dir())
+    records = []
+    for folder in folders:
+        for file in sorted(folder.glob("*.json")):
+            for rec in json.loads(file.read_text()):
+                records.append(rec | {"file": str(file.relative_to(ROOT))})
+    return records
