@@ -107,16 +107,23 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     hw = roofline.measure(args.device)
     work = make_workload(args)
-    records = []
+    out = Path(args.out or RESULTS / args.phase / f"{args.workload}-{device_tag(device_name(args.device))}.json")
+    records, failures = [], []
     for preset in args.presets:
         for engine_name in args.engines:
-            rec = run_one(engine_name, preset, args, work, hw)
+            try:
+                rec = run_one(engine_name, preset, args, work, hw)
+            except Exception as e:   # noqa: BLE001 - report it, keep measuring the others
+                failures.append(f"{engine_name} on {preset}: {type(e).__name__}: {e}")
+                print(f"[bench] FAILED {failures[-1]}", flush=True)
+                continue
             rec["provenance"] = provenance(rec["device"])
             print(standard_line(rec), flush=True)
             records.append(rec)
-    out = args.out or RESULTS / args.phase / f"{args.workload}-{device_tag(device_name(args.device))}.json"
-    write_records(Path(out), records)
+            write_records(out, [rec])     # after every record: a timeout loses only the current one
     print(f"[bench] wrote {len(records)} records to {out}")
+    if failures:
+        raise SystemExit(f"[bench] {len(failures)} run(s) failed:\n  " + "\n  ".join(failures))
     return records
 
 

@@ -51,9 +51,19 @@ def device_tag(device_name: str) -> str:
     return device_name.split()[-1].lower() if device_name != "cpu" else "cpu"
 
 
+def record_key(rec: dict) -> str:
+    """Records with the same key measure the same thing; a new one replaces the old."""
+    return json.dumps([rec["engine"], rec["workload"], rec["preset"], rec["dtype"], rec["scale"],
+                       rec["device"], rec["setting"]], sort_keys=True)
+
+
 def write_records(path: Path, records: list[dict]) -> None:
+    """Merge `records` into the file at `path`, replacing records with the same key."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=1) + "\n")
+    old = json.loads(path.read_text()) if path.exists() else []
+    new_keys = {record_key(r) for r in records}
+    merged = [r for r in old if record_key(r) not in new_keys] + records
+    path.write_text(json.dumps(merged, indent=1) + "\n")
 
 
 def read_records(phase: str | None = None) -> list[dict]:

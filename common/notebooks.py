@@ -1,0 +1,92 @@
+"""Execute the notebooks headless, in place: `python -m common.notebooks [NAME_OR_PATH ...]`.
+
+Every notebooks/*.ipynb (or the ones named) runs top to bottom with nbclient in a kernel on this
+interpreter, with the repository root as working directory, and is written back with its outputs.
+Notebooks only read results/, so this is quick and needs no GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CELL_TIMEOUT_S = 300
+OWN_KERNEL = "mini-infer"          # installed into this venv when "python3" would run another Python
+
+
+def _runs_here(argv: list[str]) -> bool:
+    """jupyter_client swaps a bare 'python'/'python3'/'python3.X' for sys.executable."""
+    bare = {"python", f"python{sys.version_info[0]}", "python{}.{}".format(*sys.version_info[:2])}
+    exe = argv[0] if argv else ""
+    return exe in bare or Path(exe).resolve() == Path(sys.executable).resolve()
+
+
+def _spec_argv(name: str) -> list[str] | None:
+    try:
+        return KernelSpecManager().get_kernel_spec(name).argv
+    except NoSuchKernel:
+        return None
+
+
+def kernel_name() -> str:
+    """A kernel that runs this interpreter: "python3" when it does, else one installed here."""
+    argv = _spec_argv("python3")
+    if argv is not None and _runs_here(argv):
+        return "python3"
+    argv = _spec_argv(OWN_KERNEL)
+    if argv is None or not _runs_here(argv):
+        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", OWN_KERNEL,
+                        "--display-name", f"Python ({OWN_KERNEL})"], check=True, capture_output=True)
+    return OWN_KERNEL
+
+
+def kernel_env() -> dict:
+    """The kernel's environment: repo importable, plots to files, no hub access."""
+    path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    return os.environ | {"PYTHONPATH": path, "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+                         "TRANSFORMERS_OFFLINE": "1"}
+
+
+def execute(path: Path, kernel: str | None = None, timeout: int = CELL_TIMEOUT_S) -> Path:
+    """Run one notebook in place (cwd = repo root); raises nbclient's CellExecutionError on failure."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel or kernel_name(),
+                            resources={"metadata": {"path": str(ROOT)}}, record_timing=False)
+    client.execute(cwd=str(ROOT), env=kernel_env())
+    nbformat.write(nb, path)
+    return path
+
+
+def find(names: list[str]) -> list[Path]:
+    """Notebook paths from names ("p01_serial_decode"), paths, or all of notebooks/ if none."""
+    if not names:
+        return sorted(NOTEBOOKS.glob("*.ipynb"))
+    paths = [Path(n) if n.endswith(".ipynb") else NOTEBOOKS / f"{n}.ipynb" for n in names]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise SystemExit(f"no such notebook: {', '.join(missing)}")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("notebooks", nargs="*", help="names or paths (default: every notebooks/*.ipynb)")
+    args = p.parse_args(argv)
+    kernel = kernel_name()
+    for path in find(args.notebooks):
+        print(f"[notebooks] executing {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}",
+              flush=True)
+        execute(path, kernel)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
