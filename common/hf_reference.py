@@ -78,7 +78,7 @@ class HFEngine:
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
         cfg = self.source.config
-        requests = prepare_requests(prompts, sampling_params, self.source.tokenizer.encode,
+        requests = prepare_requests(prompts, sampling_params, lambda text: self.source.tokenizer.encode(text),
                                     cfg.vocab_size, cfg.max_position)
         outputs = []
         for i in range(0, len(requests), self.batch_size):
