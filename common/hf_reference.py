@@ -22,13 +22,17 @@ from .weights import ours_to_hf
 def build_hf_model(source: ModelSource, device: str, dtype: torch.dtype):
     """The transformers model with the same weights our engines load."""
     if source.hf_dir is not None:
-        model = AutoModelForCausalLM.from_pretrained(str(source.hf_dir), dtype=dtype)
-        return model.to(device).eval()
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(source.hf_config, dtype=dtype)
-    missing, unexpected = model.load_state_dict(ours_to_hf(source.load_weights(device, dtype)), strict=False)
-    if unexpected or [m for m in missing if m != "lm_head.weight"]:
-        raise RuntimeError(f"weight names do not match: missing={missing} unexpected={unexpected}")
+        model = AutoModelForCausalLM.from_pretrained(str(source.hf_dir), dtype=dtype).to(device)
+    else:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(source.hf_config, dtype=dtype)
+        missing, unexpected = model.load_state_dict(ours_to_hf(source.load_weights(device, dtype)), strict=False)
+        if unexpected or [m for m in missing if m != "lm_head.weight"]:
+            raise RuntimeError(f"weight names do not match: missing={missing} unexpected={unexpected}")
+    # generate() fills every None in the GenerationConfig we pass from the model's own defaults,
+    # so eos_token_id=None would silently mean "stop at the checkpoint's EOS". Clear the default:
+    # callers pass the EOS ids they want (none when EOS is ignored).
+    model.generation_config.eos_token_id = None
     return model.eval()
 
 

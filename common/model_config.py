@@ -47,9 +47,11 @@ class ModelConfig:
             qkv_bias=qkv_bias, rope_scaling=_rope_scaling(hf))
 
     def num_params(self) -> int:
-        """Parameter count (embedding counted once when tied)."""
+        """Parameter count (embedding counted once when tied; q/k/v biases when present)."""
         d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
         attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
+        if self.qkv_bias:
+            attn += hd * (self.num_heads + self.num_kv_heads * 2)
         per_layer = attn + 3 * d * f + 2 * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.vocab_size * d + self.num_layers * per_layer + d + head

@@ -43,6 +43,8 @@ def _rename(name: str, table) -> str | None:
 
 def hf_to_ours(name: str) -> str | None:
     """Our name for an HF tensor name; None for tensors we do not use (e.g. rotary caches)."""
+    if ".rotary_emb." in name:          # old checkpoints store inv_freq; we recompute it
+        return None
     return _rename(name, HF_TO_OURS)
 
 

@@ -1,0 +1,101 @@
+"""common.report on synthetic result files in a temporary repository root."""
+import json
+
+from common import report
+
+LADDER = "<!-- results:ladder -->\nstale text\n<!-- /results:ladder -->"
+BEFORE_AFTER = "<!-- results:before-after -->\n<!-- /results:before-after -->"
+
+
+def record(phase, engine, preset, workload="latency", device="NVIDIA H200", **metrics):
+    return {"phase": phase, "engine": engine, "workload": workload, "preset": preset, "dtype": "bfloat16",
+            "scale": "full", "setting": {}, "device": device, "metrics": metrics, "samples": [],
+            "provenance": {"git_sha": "0123456789abcdef", "utc": "2030-01-02T03:04:05+00:00", "device": device}}
+
+
+def latency(phase, engine, preset, tok_s, floor_ms=1.0, **kw):
+    return record(phase, engine, preset, decode_tok_s=tok_s, ms_per_token=1e3 / tok_s,
+                  roofline_ms_per_token=floor_ms, roofline_frac=floor_ms * tok_s / 1e3, **kw)
+
+
+def make_repo(tmp_path):
+    p01 = [latency("p01_serial", engine, "llama-1b", tok_s)
+           for engine, tok_s in [("p01", 100.0), ("hf-generate", 40.0), ("hf-static", 400.0), ("p01", 90.0)]]
+    p01.append(latency("p01_serial", "p01", "tiny-llama", 1000.0, device="cpu"))
+    p02 = [latency("p02_next", "p02", "llama-1b", 250.0)]
+    offline = [record("p02_next", "p02", "llama-1b", "offline", output_tok_s=5000.0, total_tok_s=9000.0)]
+    files = {"p01_serial/latency-h200.json": p01[:4], "p01_serial/latency-cpu.json": p01[4:],
+             "p02_next/latency-h200.json": p02, "p02_next/offline-h200.json": offline}
+    for name, recs in files.items():
+        (tmp_path / "results" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / name).write_text(json.dumps(recs))
+    for phase in ("p01_serial", "p02_next", "p03_unwritten"):
+        (tmp_path / "phases" / phase).mkdir(parents=True)
+    (tmp_path / "README.md").write_text(f"# top\n\n{LADDER}\n\nafter\n")
+    (tmp_path / "phases/p02_next/README.md").write_text(f"# p02\n{BEFORE_AFTER}\n")
+    (tmp_path / "phases/p01_serial/README.md").write_text("# p01 without markers\n")
+    return tmp_path
+
+
+def rows(text):
+    return [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+
+
+def test_ladder_values(tmp_path):
+    root = make_repo(tmp_path)
+    assert report.main(["--root", str(root)]) == 0
+    text = (root / "README.md").read_text()
+    assert "stale text" not in text and text.endswith("<!-- /results:ladder -->\n\nafter\n")
+    h200, cpu = text.split("**cpu**")
+    assert rows(h200)[0] == ("| phase | model | decode tok/s | ms/token | % of roofline | vs hf-generate "
+                             "| vs hf-static | offline output tok/s |")
+    # best p01 record (100 tok/s, not 90), 10 ms/token, floor 1 ms -> 10%, 100/40 and 100/400
+    assert rows(h200)[1] == (
+        "| [p01_serial](phases/p01_serial) | llama-1b | 100 | 10.00 | 10.0% | 2.50× | 0.25× | – |")
+    # p02 has no HF run of its own: the peers come from p01's run on the same device and model
+    assert rows(h200)[2] == (
+        "| [p02_next](phases/p02_next) | llama-1b | 250 | 4.00 | 25.0% | 6.25× | 0.62× | 5,000 |")
+    assert "`results/p01_serial/latency-h200.json` (git 0123456, 2030-01-02 UTC, NVIDIA H200)" in h200
+    assert "**NVIDIA H200**" in h200
+    assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | tiny-llama | 1,000 |")
+
+
+def test_before_after_values(tmp_path):
+    root = make_repo(tmp_path)
+    report.main(["--root", str(root)])
+    text = (root / "phases/p02_next/README.md").read_text()
+    latency_table, offline_table = text.split("offline throughput")
+    # the previous phase's numbers come from its own folder; no HF run here, so no HF columns
+    assert rows(latency_table) == [
+        "| model | p01 | **p02** | p02 ms/token | p02 % of roofline | p02 vs p01 |",
+        "| llama-1b | 100 | 250 | 4.00 | 25.0% | 2.50× |"]
+    assert rows(offline_table) == ["| model | **p02** | p02 total tok/s |", "| llama-1b | 5,000 | 9,000 |"]
+    assert "_Source: `results/p01_serial/latency-h200.json`" in latency_table
+    assert "`results/p02_next/offline-h200.json` (git 0123456, 2030-01-02 UTC, NVIDIA H200)" in offline_table
+    assert (root / "phases/p01_serial/README.md").read_text() == "# p01 without markers\n"
+
+
+def test_idempotent_and_check(tmp_path, capsys):
+    root = make_repo(tmp_path)
+    assert report.main(["--root", str(root), "--check"]) == 1      # fresh markers are stale
+    assert "stale text" in (root / "README.md").read_text()          # --check writes nothing
+    report.main(["--root", str(root)])
+    first = {p: p.read_text() for p in root.rglob("README.md")}
+    assert report.main(["--root", str(root)]) == 0
+    assert {p: p.read_text() for p in root.rglob("README.md")} == first
+    assert report.main(["--root", str(root), "--check"]) == 0
+    newer = [latency("p02_next", "p02", "llama-1b", 300.0)]
+    (root / "results/p02_next/latency-h200.json").write_text(json.dumps(newer))
+    assert report.main(["--root", str(root), "--check"]) == 1
+    assert "README.md" in capsys.readouterr().out
+
+
+def test_unknown_marker_and_no_results(tmp_path):
+    (tmp_path / "phases/p05_x").mkdir(parents=True)
+    odd = "<!-- results:nonsense -->\nkeep\n<!-- /results:nonsense -->"
+    (tmp_path / "phases/p05_x/README.md").write_text(f"{odd}\n{BEFORE_AFTER}\n")
+    (tmp_path / "README.md").write_text(LADDER)
+    assert report.main(["--root", str(tmp_path)]) == 0
+    text = (tmp_path / "phases/p05_x/README.md").read_text()
+    assert odd in text and "No results yet: run `make phase-05 bench`" in text
+    assert "No results yet" in (tmp_path / "README.md").read_text()
