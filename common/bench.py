@@ -76,7 +76,8 @@ def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict) -> None
 def run_one(engine_name, preset, args, work, hw) -> dict:
     engine = make_engine(engine_name, preset, args.device, args.dtype)
     if args.workload == "latency":
-        metrics, samples = latency_metrics(engine, work, workloads.LATENCY_REPEATS[args.scale], args.device)
+        repeats = args.repeats or workloads.LATENCY_REPEATS[args.scale]
+        metrics, samples = latency_metrics(engine, work, repeats, args.device)
         add_roofline(metrics, preset, args.dtype, work, hw)
     else:
         metrics, samples = offline_metrics(engine, work, args.device)
@@ -134,6 +135,7 @@ def parse_args(argv):
     p.add_argument("--presets", default="smollm2-135m", help="comma-separated presets or HF dirs")
     p.add_argument("--engines", required=True, help="comma-separated: p01, hf-generate, hf-static, ...")
     p.add_argument("--scale", choices=["full", "small"], default="full")
+    p.add_argument("--repeats", type=int, default=None, help="latency repeats (default by scale)")
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--out", default=None, help="result file (default results/<phase>/<workload>-<device>.json)")
