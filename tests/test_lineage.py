@@ -1,0 +1,88 @@
+"""Phase lineage: each phase differs from the one before it by the files its CHANGES lists.
+
+Every other file must be byte-identical to the previous phase's copy, and the diff is capped so
+one phase never smuggles in two ideas. Engine files never name their phase (relative imports
+only), so an untouched file stays identical when it is copied forward.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+import pytest
+
+PHASES = sorted(p for p in (Path(__file__).resolve().parent.parent / "phases").iterdir()
+                if p.is_dir() and re.fullmatch(r"p\d\d_\w+", p.name))
+NOT_ENGINE = {"README.md", "CHANGES"}
+MAX_DIFF_LINES = 500            # added + removed lines, engine files only
+# Phases whose one idea needs a larger diff, with the reason.
+DIFF_CAP_EXCEPTIONS: dict[str, int] = {}
+
+
+def engine_files(phase: Path) -> dict[str, Path]:
+    return {str(f.relative_to(phase)): f for f in sorted(phase.rglob("*"))
+            if f.is_file() and f.name not in NOT_ENGINE and "__pycache__" not in f.parts}
+
+
+def parse_changes(phase: Path) -> dict[str, str]:
+    """CHANGES lines "A|M|D path" -> {path: letter}; '#' starts a comment."""
+    changes = {}
+    for line in (phase / "CHANGES").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            kind, path = line.split(maxsplit=1)
+            assert kind in "AMD" and len(kind) == 1, f"{phase.name}/CHANGES: bad line {line!r}"
+            changes[path] = kind
+    return changes
+
+
+def changed_lines(a: Path | None, b: Path | None) -> int:
+    old = a.read_text().splitlines() if a else []
+    new = b.read_text().splitlines() if b else []
+    return sum(1 for d in difflib.unified_diff(old, new, lineterm="", n=0)
+               if d[:1] in "+-" and d[:3] not in ("+++", "---"))
+
+
+def test_phases_exist_and_first_has_no_changes():
+    assert PHASES and PHASES[0].name.startswith("p01_")
+    assert parse_changes(PHASES[0]) == {}
+    numbers = [int(p.name[1:3]) for p in PHASES]
+    assert numbers == list(range(1, len(PHASES) + 1)), f"phase numbers must be contiguous: {numbers}"
+
+
+@pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.name)
+def test_engine_files_do_not_name_their_phase(phase):
+    for name, f in engine_files(phase).items():
+        if f.suffix == ".py":
+            text = f.read_text()
+            assert not re.search(r"\bp\d\d_[a-z]", text), f"{phase.name}/{name} names a phase folder"
+            assert not re.search(r"from phases\b|import phases\b", text), f"{phase.name}/{name}: use relative imports"
+
+
+@pytest.mark.parametrize("prev,cur", list(zip(PHASES, PHASES[1:])), ids=lambda p: p.name)
+def test_changes_manifest_is_true(prev, cur):
+    changes, old, new = parse_changes(cur), engine_files(prev), engine_files(cur)
+    for path in sorted(set(old) | set(new)):
+        kind = changes.get(path)
+        if kind is None:
+            assert path in old and path in new, f"{cur.name}: {path} added or deleted but not in CHANGES"
+            assert old[path].read_bytes() == new[path].read_bytes(), \
+                f"{cur.name}: {path} differs from {prev.name} but CHANGES does not list it"
+        elif kind == "A":
+            assert path in new and path not in old, f"{cur.name}/CHANGES: 'A {path}' but it is not new"
+        elif kind == "D":
+            assert path in old and path not in new, f"{cur.name}/CHANGES: 'D {path}' but it was not deleted"
+        else:
+            assert path in old and path in new and old[path].read_bytes() != new[path].read_bytes(), \
+                f"{cur.name}/CHANGES: 'M {path}' but it is unchanged or missing"
+    stale = set(changes) - set(old) - set(new)
+    assert not stale, f"{cur.name}/CHANGES lists files in neither phase: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("prev,cur", list(zip(PHASES, PHASES[1:])), ids=lambda p: p.name)
+def test_diff_is_one_idea_small(prev, cur):
+    old, new = engine_files(prev), engine_files(cur)
+    total = sum(changed_lines(old.get(p), new.get(p)) for p in set(old) | set(new))
+    cap = DIFF_CAP_EXCEPTIONS.get(cur.name, MAX_DIFF_LINES)
+    assert total <= cap, f"{cur.name} changes {total} lines vs {prev.name} (cap {cap})"
