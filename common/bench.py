@@ -2,13 +2,17 @@
 
   python -m common.bench --phase p01_serial_decode --workload latency \
       --presets smollm2-135m,llama-1b --engines p01,hf-generate
+  python -m common.bench --phase p02_paged_kv --workload concurrency --concurrency 1,8,32,64 \
+      --presets llama-1b --engines p01,p02,hf-generate
 
-prints one standard line per (engine, preset) and writes results/<phase>/<workload>-<device>.json.
+prints one standard line per (engine, preset, setting) and writes
+results/<phase>/<workload>-<device>.json.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -18,7 +22,7 @@ from tqdm import tqdm
 
 from . import roofline, workloads
 from .device import check_device, default_device, default_dtype, device_name, parse_dtype, synchronize
-from .engines import make_engine
+from .engines import HF_ENGINES, make_engine
 from .loader import resolve
 from .results import RESULTS, device_tag, provenance, write_records
 
@@ -60,6 +64,9 @@ def offline_metrics(engine, work, device: str) -> tuple[dict, list[dict]]:
         metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     ttfts = sorted(o.ttft for o in outs)
     metrics["ttft_s_p50"] = ttfts[len(ttfts) // 2]
+    itls = [x for o in outs for x in o.itl]
+    if itls:   # with every request in flight, one inter-token latency is one decode step
+        metrics["itl_ms_p50"] = 1e3 * statistics.median(itls)
     return metrics, [{"wall_s": wall}]
 
 
@@ -73,8 +80,10 @@ def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict) -> None
     metrics["roofline_frac"] = 1e3 * floor / metrics["ms_per_token"]
 
 
-def run_one(engine_name, preset, args, work, hw) -> dict:
-    engine = make_engine(engine_name, preset, args.device, args.dtype)
+def run_one(engine_name, preset, args, work, hw, setting: dict) -> dict:
+    # The HF baseline batches by padding: at concurrency c it runs the c requests as one batch.
+    options = {"batch_size": setting["concurrency"]} if engine_name in HF_ENGINES and "concurrency" in setting else {}
+    engine = make_engine(engine_name, preset, args.device, args.dtype, **options)
     if args.workload == "latency":
         repeats = args.repeats or workloads.LATENCY_REPEATS[args.scale]
         metrics, samples = latency_metrics(engine, work, repeats, args.device)
@@ -86,36 +95,43 @@ def run_one(engine_name, preset, args, work, hw) -> dict:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"phase": args.phase, "engine": engine_name, "workload": args.workload, "preset": preset,
-            "dtype": args.dtype, "scale": args.scale, "setting": {"batch": 1} if args.workload == "latency" else {},
+            "dtype": args.dtype, "scale": args.scale, "setting": setting,
             "device": device_name(args.device), "metrics": metrics, "samples": samples, "hardware": hw}
 
 
 def standard_line(rec: dict) -> str:
     m = rec["metrics"]
-    head = f"[bench] {rec['engine']:<12} {rec['workload']:<8} {rec['preset']:<13} {rec['dtype']:<8} {rec['device']}:"
+    where = f"C={rec['setting']['concurrency']:<3}" if "concurrency" in rec["setting"] else ""
+    head = f"[bench] {rec['engine']:<12} {rec['workload']:<8} {where}{rec['preset']:<13} {rec['dtype']:<8} {rec['device']}:"
     if rec["workload"] == "latency":
         return (f"{head} {m['decode_tok_s']:8.1f} tok/s  {m['ms_per_token']:7.2f} ms/token  "
                 f"prefill {m['prefill_ms']:7.1f} ms  {100 * m['roofline_frac']:5.1f}% of roofline")
+    step = f"  {m['itl_ms_p50']:.2f} ms/step" if "itl_ms_p50" in m else ""
     return (f"{head} {m['output_tok_s']:8.1f} out tok/s  {m['total_tok_s']:8.1f} total tok/s  "
-            f"{m['num_requests']} reqs in {m['wall_s']:.1f} s")
+            f"{m['num_requests']} reqs in {m['wall_s']:.1f} s{step}")
 
 
-def make_workload(args):
-    return workloads.latency() if args.workload == "latency" else workloads.offline(args.scale)
+def make_workloads(args) -> list[tuple[workloads.Workload, dict]]:
+    """(workload, setting) pairs this run measures: one, or one per concurrency level."""
+    if args.workload == "concurrency":
+        return [(workloads.concurrency(c, args.scale), {"concurrency": c}) for c in args.concurrency]
+    if args.workload == "latency":
+        return [(workloads.latency(), {"batch": 1})]
+    return [(workloads.offline(args.scale), {})]
 
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     hw = roofline.measure(args.device)
-    work = make_workload(args)
+    works = make_workloads(args)
     out = Path(args.out or RESULTS / args.phase / f"{args.workload}-{device_tag(device_name(args.device))}.json")
     records, failures = [], []
     for preset in args.presets:
-        for engine_name in args.engines:
+        for engine_name, (work, setting) in itertools.product(args.engines, works):
             try:
-                rec = run_one(engine_name, preset, args, work, hw)
+                rec = run_one(engine_name, preset, args, work, hw, setting)
             except Exception as e:   # noqa: BLE001 - report it, keep measuring the others
-                failures.append(f"{engine_name} on {preset}: {type(e).__name__}: {e}")
+                failures.append(f"{engine_name} on {preset} {setting}: {type(e).__name__}: {e}")
                 print(f"[bench] FAILED {failures[-1]}", flush=True)
                 continue
             rec["provenance"] = provenance(rec["device"])
@@ -131,7 +147,8 @@ def main(argv=None) -> list[dict]:
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--phase", required=True, help="results folder, e.g. p01_serial_decode")
-    p.add_argument("--workload", choices=["latency", "offline"], required=True)
+    p.add_argument("--workload", choices=["latency", "offline", "concurrency"], required=True)
+    p.add_argument("--concurrency", default="1,8,32,64", help="concurrency workload: comma-separated levels")
     p.add_argument("--presets", default="smollm2-135m", help="comma-separated presets or HF dirs")
     p.add_argument("--engines", required=True, help="comma-separated: p01, hf-generate, hf-static, ...")
     p.add_argument("--scale", choices=["full", "small"], default="full")
@@ -143,6 +160,9 @@ def parse_args(argv):
     args.device = check_device(args.device or default_device())
     args.dtype = args.dtype or default_dtype(args.device)
     args.presets, args.engines = args.presets.split(","), args.engines.split(",")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if min(args.concurrency) < 1:
+        p.error(f"--concurrency levels must be positive, got {args.concurrency}")
     return args
 
 

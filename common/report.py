@@ -5,9 +5,9 @@ phases/*/README.md from the JSON under results/; results are never typed by hand
 
   ladder                 README.md: per device, each phase's best batch-1 decode per model
   before-after           phases/pNN_*/README.md: previous phase vs this phase vs peers, per device,
-                         for every workload the phase measured (latency, offline)
+                         for every workload the phase measured (latency, offline, concurrency)
   before-after-latency   the same, latency only
-  before-after-offline   the same, offline only
+  before-after-offline   the same, offline only (likewise before-after-concurrency)
 
 A README without markers is left untouched; an unknown name is reported and left as it is.
 --check writes nothing and exits 1 when any README differs from what would be generated.
@@ -32,8 +32,10 @@ WORKLOADS = {
     "latency": ("decode_tok_s", "decode tok/s", {"ms_per_token": "ms/token", "roofline_frac": "% of roofline"}),
     "offline": ("output_tok_s", "output tok/s", {"total_tok_s": "total tok/s", "ttft_s_p50": "TTFT p50 s",
                                                  "peak_mem_gib": "peak GiB"}),
+    "concurrency": ("output_tok_s", "output tok/s", {"itl_ms_p50": "ms/step (ITL p50)"}),
 }
-CAPTIONS = {"latency": "batch-1 latency, greedy decode", "offline": "offline throughput, all requests at once"}
+CAPTIONS = {"latency": "batch-1 latency, greedy decode", "offline": "offline throughput, all requests at once",
+            "concurrency": "throughput at fixed concurrency (c requests in flight, identical lengths)"}
 
 
 # --- records ------------------------------------------------------------------------------------
@@ -83,9 +85,11 @@ def prev_engine(phase: str) -> str | None:
 
 
 def _rank(rkey: tuple) -> tuple:
-    """Sort key for (preset, ...) tuples: presets.PRESETS order, unknown presets after."""
+    """Sort key for (preset, ...) tuples: presets.PRESETS order, unknown presets after; numbers
+    (concurrency levels) in numeric order."""
     known = list(PRESETS)
-    return (known.index(rkey[0]) if rkey[0] in known else len(known), tuple(map(str, rkey)))
+    rest = tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for v in rkey)
+    return (known.index(rkey[0]) if rkey[0] in known else len(known), rest)
 
 
 def order_presets(names) -> list[str]:
@@ -146,9 +150,18 @@ def varying(records: list[dict], keys=("dtype", "scale")) -> list[str]:
     return [k for k in keys if len({r.get(k) for r in records}) > 1]
 
 
+def concurrency(rec: dict) -> int | None:
+    return (rec.get("setting") or {}).get("concurrency")
+
+
+def row_key(rec: dict, vary: list[str]) -> tuple:
+    """Records in one table row: same preset, same varying fields, same concurrency level."""
+    return (rec.get("preset"), *(rec.get(k) for k in vary), concurrency(rec))
+
+
 def row_label(rec: dict, vary: list[str]) -> str:
-    extra = ", ".join(str(rec.get(k)) for k in vary)
-    return f"{rec['preset']} ({extra})" if extra else rec["preset"]
+    extra = [str(rec.get(k)) for k in vary] + ([f"c={concurrency(rec)}"] if concurrency(rec) else [])
+    return f"{rec['preset']} ({', '.join(extra)})" if extra else rec["preset"]
 
 
 # --- before/after: previous phase vs this phase vs peers ---------------------------------------
@@ -179,8 +192,8 @@ def before_after(records: list[dict], phase: str, device: str, workload: str) ->
     header = ["model", *[f"**{e}**" if e == this else e for e in engines],
               *[f"{this} {v}" for v in extras.values()], *[f"{this} vs {e}" for e in others]]
     rows, used = [], []
-    for rkey in sorted({tuple(r.get(k) for k in ("preset", *vary)) for r in recs}, key=_rank):
-        group = [r for r in recs if tuple(r.get(k) for k in ("preset", *vary)) == rkey]
+    for rkey in sorted({row_key(r, vary) for r in recs}, key=_rank):
+        group = [r for r in recs if row_key(r, vary) == rkey]
         cell = {e: best(select(group, engine=e), key) for e in engines}
         used += [r for r in cell.values() if r]
         rows.append([row_label(group[0], vary), *[fmt(key, metric(cell[e], key)) for e in engines],

@@ -13,6 +13,7 @@ from .sampling import SamplingParams
 # Requests per scale for the offline workload; "small" keeps the distributions.
 OFFLINE_REQUESTS = {"full": 256, "small": 16}
 LATENCY_REPEATS = {"full": 5, "small": 2}
+CONCURRENCY_LENS = {"full": (512, 256), "small": (64, 32)}   # (prompt, output) tokens per request
 PROMPT_ID_RANGE = 10_000   # ids drawn from [0, 10000), valid for every preset's vocab
 
 
@@ -57,3 +58,12 @@ def offline(scale: str = "full", lo: int = 100, hi: int = 1024, seed: int = 0) -
         prompt = [rng.randrange(PROMPT_ID_RANGE) for _ in range(rng.randint(lo, hi))]
         requests.append((prompt, _greedy(rng.randint(lo, hi))))
     return Workload("offline", requests)
+
+
+def concurrency(c: int, scale: str = "full", seed: int = 0) -> Workload:
+    """Exactly c requests of identical lengths (prompt 512, output 256), submitted together: the
+    throughput of an engine with c requests in flight. Same prompts for every engine and seed."""
+    prompt_len, max_tokens = CONCURRENCY_LENS[scale]
+    rng = random.Random(seed)
+    return Workload("concurrency", [([rng.randrange(PROMPT_ID_RANGE) for _ in range(prompt_len)],
+                                     _greedy(max_tokens)) for _ in range(c)])

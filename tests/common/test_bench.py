@@ -70,3 +70,25 @@ def test_decode_floor_is_bytes_over_bandwidth():
 def test_unknown_engine_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="unknown engine"):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p99")
+
+
+def test_concurrency_runs_each_level_with_identical_lengths(tmp_path):
+    """One record per (engine, level); the HF baseline pads the c requests into one batch."""
+    records = run(tmp_path, "--workload", "concurrency", "--concurrency", "1,3", "--presets", "tiny-llama",
+                  "--engines", "p01,hf-generate")
+    assert [(r["engine"], r["setting"]) for r in records] == [
+        ("p01", {"concurrency": 1}), ("p01", {"concurrency": 3}),
+        ("hf-generate", {"concurrency": 1}), ("hf-generate", {"concurrency": 3})]
+    prompt_len, max_tokens = workloads.CONCURRENCY_LENS["small"]
+    for rec in records:
+        m, c = rec["metrics"], rec["setting"]["concurrency"]
+        assert m["num_requests"] == c and m["output_tokens"] == c * max_tokens
+        assert m["prompt_tokens"] == c * prompt_len and m["itl_ms_p50"] > 0
+
+
+def test_concurrency_workload_is_seeded_and_nested():
+    eight = workloads.concurrency(8)
+    assert len(eight.requests) == 8
+    assert {len(p) for p in eight.prompts} == {512} and {p.max_tokens for p in eight.params} == {256}
+    assert all(p.ignore_eos and p.greedy for p in eight.params)
+    assert workloads.concurrency(1).prompts == eight.prompts[:1]     # every level, the same prompts

@@ -99,3 +99,22 @@ def test_unknown_marker_and_no_results(tmp_path):
     text = (tmp_path / "phases/p05_x/README.md").read_text()
     assert odd in text and "No results yet: run `make phase-05 bench`" in text
     assert "No results yet" in (tmp_path / "README.md").read_text()
+
+
+def test_concurrency_rows_in_numeric_order(tmp_path):
+    """One row per concurrency level (8 before 32), previous phase and peer side by side."""
+    def conc(engine, c, tok_s):
+        rec = record("p02_next", engine, "llama-1b", "concurrency", output_tok_s=tok_s, itl_ms_p50=1e3 / tok_s * c)
+        return rec | {"setting": {"concurrency": c}}
+    recs = [conc(e, c, t * c) for c in (32, 8) for e, t in [("p01", 10.0), ("p02", 50.0), ("hf-generate", 20.0)]]
+    (tmp_path / "results/p02_next").mkdir(parents=True)
+    (tmp_path / "results/p02_next/concurrency-h200.json").write_text(json.dumps(recs))
+    (tmp_path / "phases/p02_next").mkdir(parents=True)
+    (tmp_path / "phases/p02_next/README.md").write_text(BEFORE_AFTER)
+    report.main(["--root", str(tmp_path)])
+    text = (tmp_path / "phases/p02_next/README.md").read_text()
+    assert "throughput at fixed concurrency" in text
+    assert rows(text) == [
+        "| model | p01 | **p02** | hf-generate | p02 ms/step (ITL p50) | p02 vs p01 | p02 vs hf-generate |",
+        "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | 5.00× | 2.50× |",
+        "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | 5.00× | 2.50× |"]
