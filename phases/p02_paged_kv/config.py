@@ -15,7 +15,7 @@ class EngineConfig:
     seed: int = 0                    # weights of random presets, and unseeded sampling
     block_size: int = 16             # tokens per KV block
     gpu_memory_utilization: float = 0.9  # share of the GPU memory free after loading for the KV pool
-    cpu_kv_cache_bytes: int = 1 << 30    # KV pool size on CPU (no free-memory query there)
+    cpu_kv_cache_bytes: int = 512 << 20  # KV pool size on CPU (no free-memory query there)
     max_num_seqs: int = 256          # sequences running at once
     max_num_batched_tokens: int = 16384  # tokens in one forward step (a prompt must fit whole)
 
