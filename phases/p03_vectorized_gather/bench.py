@@ -6,6 +6,7 @@ Besides common's workloads, "gather" measures the KV gather's share of a decode 
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -88,8 +89,17 @@ def main(argv: list[str]) -> None:
     runs = GPU_RUNS if torch.cuda.is_available() else CPU_RUNS
     for run in runs:
         bench.main(["--phase", PHASE, *run, *argv])
-    device = default_device()
-    gather_share(device, default_dtype(device))
+    gather_share(*device_and_dtype(argv))
+
+
+def device_and_dtype(argv: list[str]) -> tuple[str, str]:
+    """--device and --dtype among the extra arguments, with common.bench's defaults."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--device")
+    p.add_argument("--dtype")
+    args, _ = p.parse_known_args(argv)
+    device = args.device or default_device()
+    return device, args.dtype or default_dtype(device)
 
 
 if __name__ == "__main__":
