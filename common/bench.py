@@ -27,21 +27,32 @@ from .loader import resolve
 from .results import RESULTS, device_tag, provenance, write_records
 
 
-def latency_metrics(engine, work, repeats: int, device: str) -> tuple[dict, list[dict]]:
-    """Batch-1 decode speed: per repeat, prefill time and steady decode tok/s from token times."""
-    engine.generate(work.prompts, work.params)        # warm-up (and compile, for hf-static)
-    samples = []
+def latency_sample(engine, work, device: str) -> dict:
+    """One batch-1 run: prefill time and steady decode tok/s from the per-token times."""
+    synchronize(device)
+    out = engine.generate(work.prompts, work.params)[0]
+    t = out.token_times
+    return {"prefill_ms": 1e3 * (t[0] - out.arrival_time), "decode_tok_s": (len(t) - 1) / (t[-1] - t[0]),
+            "num_tokens": len(out.token_ids)}
+
+
+def interleaved_latency(engines: dict, work, repeats: int, device: str) -> dict[str, list[dict]]:
+    """Samples per engine, repeats interleaved (A B C A B C ...): at batch 1 the step time is set
+    by the host's launch rate and the GPU's clocks, which drift over minutes, so engines compared
+    side by side must share the drift rather than run in separate minutes."""
+    for engine in engines.values():
+        engine.generate(work.prompts, work.params)        # warm-up (and compile, for hf-static)
+    samples = {name: [] for name in engines}
     for _ in tqdm(range(repeats), desc="repeats", leave=False):
-        synchronize(device)
-        out = engine.generate(work.prompts, work.params)[0]
-        t = out.token_times
-        samples.append({"prefill_ms": 1e3 * (t[0] - out.arrival_time),
-                        "decode_tok_s": (len(t) - 1) / (t[-1] - t[0]),
-                        "num_tokens": len(out.token_ids)})
+        for name, engine in engines.items():
+            samples[name].append(latency_sample(engine, work, device))
+    return samples
+
+
+def latency_metrics(samples: list[dict]) -> dict:
     decode = statistics.median(s["decode_tok_s"] for s in samples)
-    metrics = {"decode_tok_s": decode, "ms_per_token": 1e3 / decode,
-               "prefill_ms": statistics.median(s["prefill_ms"] for s in samples)}
-    return metrics, samples
+    return {"decode_tok_s": decode, "ms_per_token": 1e3 / decode,
+            "prefill_ms": statistics.median(s["prefill_ms"] for s in samples)}
 
 
 def offline_metrics(engine, work, device: str) -> tuple[dict, list[dict]]:
@@ -84,19 +95,37 @@ def run_one(engine_name, preset, args, work, hw, setting: dict) -> dict:
     # The HF baseline batches by padding: at concurrency c it runs the c requests as one batch.
     options = {"batch_size": setting["concurrency"]} if engine_name in HF_ENGINES and "concurrency" in setting else {}
     engine = make_engine(engine_name, preset, args.device, args.dtype, **options)
-    if args.workload == "latency":
-        repeats = args.repeats or workloads.LATENCY_REPEATS[args.scale]
-        metrics, samples = latency_metrics(engine, work, repeats, args.device)
-        add_roofline(metrics, preset, args.dtype, work, hw)
-    else:
-        metrics, samples = offline_metrics(engine, work, args.device)
+    metrics, samples = offline_metrics(engine, work, args.device)
     del engine
-    gc.collect()
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
+    free_memory(args.device)
+    return record(engine_name, preset, args, setting, metrics, samples, hw)
+
+
+def run_latency(engine_names, preset, args, work, hw) -> list[dict]:
+    """Every engine's batch-1 latency on one preset, measured interleaved."""
+    engines = {name: make_engine(name, preset, args.device, args.dtype) for name in engine_names}
+    repeats = args.repeats or workloads.LATENCY_REPEATS[args.scale]
+    records = []
+    for name, samples in interleaved_latency(engines, work, repeats, args.device).items():
+        metrics = latency_metrics(samples)
+        add_roofline(metrics, preset, args.dtype, work, hw)
+        records.append(record(name, preset, args, {"batch": 1}, metrics, samples, hw))
+    del engines
+    free_memory(args.device)
+    return records
+
+
+def record(engine_name, preset, args, setting, metrics, samples, hw) -> dict:
     return {"phase": args.phase, "engine": engine_name, "workload": args.workload, "preset": preset,
             "dtype": args.dtype, "scale": args.scale, "setting": setting,
-            "device": device_name(args.device), "metrics": metrics, "samples": samples, "hardware": hw}
+            "device": device_name(args.device), "metrics": metrics, "samples": samples, "hardware": hw,
+            "provenance": provenance(device_name(args.device))}
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def standard_line(rec: dict) -> str:
@@ -126,18 +155,26 @@ def main(argv=None) -> list[dict]:
     works = make_workloads(args)
     out = Path(args.out or RESULTS / args.phase / f"{args.workload}-{device_tag(device_name(args.device))}.json")
     records, failures = [], []
-    for preset in args.presets:
-        for engine_name, (work, setting) in itertools.product(args.engines, works):
-            try:
-                rec = run_one(engine_name, preset, args, work, hw, setting)
-            except Exception as e:   # noqa: BLE001 - report it, keep measuring the others
-                failures.append(f"{engine_name} on {preset} {setting}: {type(e).__name__}: {e}")
-                print(f"[bench] FAILED {failures[-1]}", flush=True)
-                continue
-            rec["provenance"] = provenance(rec["device"])
+
+    def measure(what: str, fn) -> None:
+        try:
+            new = fn()
+        except Exception as e:   # noqa: BLE001 - report it, keep measuring the others
+            failures.append(f"{what}: {type(e).__name__}: {e}")
+            print(f"[bench] FAILED {failures[-1]}", flush=True)
+            return
+        for rec in new:
             print(standard_line(rec), flush=True)
-            records.append(rec)
-            write_records(out, [rec])     # after every record: a timeout loses only the current one
+        records.extend(new)
+        write_records(out, new)     # after every measurement: a timeout loses only the current one
+
+    for preset in args.presets:
+        if args.workload == "latency":
+            measure(f"latency on {preset}", lambda: run_latency(args.engines, preset, args, works[0][0], hw))
+            continue
+        for engine_name, (work, setting) in itertools.product(args.engines, works):
+            measure(f"{engine_name} on {preset} {setting}",
+                    lambda: [run_one(engine_name, preset, args, work, hw, setting)])
     print(f"[bench] wrote {len(records)} records to {out}")
     if failures:
         raise SystemExit(f"[bench] {len(failures)} run(s) failed:\n  " + "\n  ".join(failures))
