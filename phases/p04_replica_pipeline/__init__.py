@@ -1,0 +1,4 @@
+"""The engine spread over processes and devices: data-parallel replicas, or a 2-stage pipeline."""
+from .engine import LLM
+
+__all__ = ["LLM"]

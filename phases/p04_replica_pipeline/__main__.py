@@ -1,0 +1,53 @@
+"""Command line: generate or chat with this phase's engine.
+
+  python -m phases.<phase> --chat --prompt "What is the capital of France?"
+  python -m phases.<phase> --parallel pipeline --world-size 2 --prompt "Once upon a time"
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from common.sampling import SamplingParams
+
+from .engine import LLM
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Generate text with this phase's engine.")
+    p.add_argument("--model", default="smollm2-135m", help="preset name or local HF directory")
+    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--parallel", default="none", help="none, replica or pipeline (worker processes)")
+    p.add_argument("--world-size", type=int, default=1, help="worker processes, one device each")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, parallel=args.parallel,
+                  world_size=args.world_size)
+        prompt = llm.tokenizer.chat_ids(args.prompt) if args.chat else args.prompt
+        start = time.perf_counter()
+        out = llm.generate(prompt, params)[0]
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    elapsed = time.perf_counter() - start
+    print(out.text)
+    print(f"\n[{len(out.token_ids)} tokens in {elapsed:.2f} s, {len(out.token_ids) / elapsed:.1f} tok/s, "
+          f"TTFT {1e3 * out.ttft:.0f} ms, finish: {out.finish_reason}]")
+
+
+if __name__ == "__main__":
+    main()
