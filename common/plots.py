@@ -5,6 +5,7 @@ one workload, draws on a given Axes and puts the device in the title, so no plot
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -18,9 +19,12 @@ COLORS = {"hf-generate": "tab:gray", "hf-static": "tab:olive"}
 
 
 def color(engine: str, engines: list[str]) -> str:
-    """Peers keep fixed colours; phase engines take the default cycle in order."""
+    """Peers keep fixed colours; phase engines "pNN" take cycle colour NN-1 (the same in every plot);
+    other names take the default cycle in order."""
     if engine in COLORS:
         return COLORS[engine]
+    if re.fullmatch(r"p\d\d", engine):
+        return f"C{(int(engine[1:]) - 1) % 10}"
     mine = [e for e in engines if e not in COLORS]
     return f"C{mine.index(engine) % 10}"
 
@@ -114,6 +118,73 @@ def latency_figure(records: list[dict]):
     roofline_frac(records, axes[2])
     fig.tight_layout()
     return fig
+
+
+def setting(rec: dict, x: str = "concurrency"):
+    """One field of a record's setting, e.g. its concurrency level (None if absent)."""
+    return (rec.get("setting") or {}).get(x)
+
+
+def line_by_engine(records: list[dict], key: str, ax, *, x: str = "concurrency", base: str | None = None,
+                   scale: float = 1.0, fmt: str | None = None, ylabel: str | None = None,
+                   text: str | None = None, engines: list[str] | None = None) -> None:
+    """Metric `key` (times `scale`) against setting[x], one line per engine, log-2 x axis.
+
+    base="hf-generate" plots each engine divided by that engine at the same x (base = dashed 1.0);
+    fmt labels every point; the best record wins where several share (engine, x)."""
+    have = [r for r in records if metric(r, key) is not None and setting(r, x) is not None]
+    engines = engines or order_engines(r["engine"] for r in have)
+    xs = sorted({setting(r, x) for r in have})
+
+    def value(engine, v):
+        return metric(best([r for r in have if r["engine"] == engine and setting(r, x) == v], key), key)
+    for engine in [e for e in engines if e != base]:
+        pts = [(v, y / (value(base, v) if base else 1)) for v in xs
+               if (y := value(engine, v)) is not None and (not base or value(base, v))]
+        if pts:
+            ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], marker="o", label=engine,
+                    color=color(engine, engines))
+            for v, y in pts if fmt else []:       # point labels only when asked for
+                ax.annotate(fmt.format(scale * y), (v, scale * y), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+    if base:
+        ax.axhline(1.0, color=color(base, engines), linewidth=1, linestyle="--", label=f"{base} = 1")
+    if xs:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(v) for v in xs])
+        ax.minorticks_off()
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel or key)
+    ax.legend(fontsize=8)
+    title(ax, text or key, records)
+
+
+def step_split(records: list[dict], ax, *, text: str = "decode step: KV gather vs the rest") -> None:
+    """Stacked bars from "gather" records: each step_ms split into gather_ms (hatched) and the rest,
+    one group per concurrency level, one bar per engine, labelled with the gather's share."""
+    engines = order_engines(r["engine"] for r in records)
+    xs = sorted({setting(r) for r in records})
+    width = 0.8 / max(len(engines), 1)
+    for j, engine in enumerate(engines):
+        first = True                        # legend entries once per engine
+        for i, v in enumerate(xs):
+            rec = best([r for r in records if r["engine"] == engine and setting(r) == v], "step_ms")
+            if rec is None:
+                continue
+            step, gather = metric(rec, "step_ms"), metric(rec, "gather_ms")
+            pos = i + (j - (len(engines) - 1) / 2) * width
+            ax.bar(pos, gather, width, color=color(engine, engines), hatch="//", edgecolor="black",
+                   label=f"{engine}: gather" if first else None)
+            ax.bar(pos, step - gather, width, bottom=gather, color=color(engine, engines), alpha=0.35,
+                   label=f"{engine}: rest of step" if first else None)
+            ax.annotate(f"{100 * gather / step:.0f}%", (pos, step), ha="center", va="bottom", fontsize=7)
+            first = False
+    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    ax.set_xlabel("concurrency (sequences in the decode step)")
+    ax.set_ylabel("ms per decode step")
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8)
+    title(ax, text, records)
 
 
 def png_path(records: list[dict], suffix: str = "") -> Path:
