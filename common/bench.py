@@ -94,25 +94,44 @@ def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict) -> None
 def run_one(engine_name, preset, args, work, hw, setting: dict) -> dict:
     # The HF baseline batches by padding: at concurrency c it runs the c requests as one batch.
     options = {"batch_size": setting["concurrency"]} if engine_name in HF_ENGINES and "concurrency" in setting else {}
+    options |= phase_options(engine_name, args)
     engine = make_engine(engine_name, preset, args.device, args.dtype, **options)
     metrics, samples = offline_metrics(engine, work, args.device)
     del engine
     free_memory(args.device)
-    return record(engine_name, preset, args, setting, metrics, samples, hw)
+    return record(engine_name, preset, args, setting | phase_options(engine_name, args), metrics, samples, hw)
 
 
 def run_latency(engine_names, preset, args, work, hw) -> list[dict]:
     """Every engine's batch-1 latency on one preset, measured interleaved."""
-    engines = {name: make_engine(name, preset, args.device, args.dtype) for name in engine_names}
+    engines = {name: make_engine(name, preset, args.device, args.dtype, **phase_options(name, args))
+               for name in engine_names}
     repeats = args.repeats or workloads.LATENCY_REPEATS[args.scale]
     records = []
     for name, samples in interleaved_latency(engines, work, repeats, args.device).items():
         metrics = latency_metrics(samples)
         add_roofline(metrics, preset, args.dtype, work, hw)
-        records.append(record(name, preset, args, {"batch": 1}, metrics, samples, hw))
+        records.append(record(name, preset, args, {"batch": 1} | phase_options(name, args), metrics, samples, hw))
     del engines
     free_memory(args.device)
     return records
+
+
+def phase_options(engine_name: str, args) -> dict:
+    """--engine-options go to the run's phase engines (not to HF baselines), and into the record's
+    setting: the same engine with other options is another measurement."""
+    return {} if engine_name in HF_ENGINES else args.engine_options
+
+
+def parse_engine_options(text: str) -> dict:
+    """"parallel=replica,world_size=2" -> {"parallel": "replica", "world_size": 2}."""
+    options = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-options takes key=value[,key=value...], got {item!r}")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return options
 
 
 def record(engine_name, preset, args, setting, metrics, samples, hw) -> dict:
@@ -131,6 +150,7 @@ def free_memory(device: str) -> None:
 def standard_line(rec: dict) -> str:
     m = rec["metrics"]
     where = f"C={rec['setting']['concurrency']:<3}" if "concurrency" in rec["setting"] else ""
+    where += "".join(f"{k}={v} " for k, v in rec["setting"].items() if k not in ("concurrency", "batch"))
     head = f"[bench] {rec['engine']:<12} {rec['workload']:<8} {where}{rec['preset']:<13} {rec['dtype']:<8} {rec['device']}:"
     if rec["workload"] == "latency":
         return (f"{head} {m['decode_tok_s']:8.1f} tok/s  {m['ms_per_token']:7.2f} ms/token  "
@@ -193,7 +213,13 @@ def parse_args(argv):
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--out", default=None, help="result file (default results/<phase>/<workload>-<device>.json)")
+    p.add_argument("--engine-options", default="", help="key=value,... for every phase engine of the run "
+                   "(e.g. parallel=replica,world_size=2); recorded in each record's setting")
     args = p.parse_args(argv)
+    try:
+        args.engine_options = parse_engine_options(args.engine_options)
+    except ValueError as e:
+        p.error(str(e))
     args.device = check_device(args.device or default_device())
     args.dtype = args.dtype or default_dtype(args.device)
     args.presets, args.engines = args.presets.split(","), args.engines.split(",")

@@ -92,3 +92,14 @@ def test_concurrency_workload_is_seeded_and_nested():
     assert {len(p) for p in eight.prompts} == {512} and {p.max_tokens for p in eight.params} == {256}
     assert all(p.ignore_eos and p.greedy for p in eight.params)
     assert workloads.concurrency(1).prompts == eight.prompts[:1]     # every level, the same prompts
+
+
+def test_engine_options_reach_phase_engines_and_the_setting(tmp_path):
+    """--engine-options builds the phase engine with them and records them; HF takes none."""
+    records = run(tmp_path, "--workload", "concurrency", "--concurrency", "1", "--presets", "tiny-llama",
+                  "--engines", "p03,hf-generate", "--engine-options", "max_num_seqs=4,block_size=8")
+    assert [(r["engine"], r["setting"]) for r in records] == [
+        ("p03", {"concurrency": 1, "max_num_seqs": 4, "block_size": 8}), ("hf-generate", {"concurrency": 1})]
+    assert bench.parse_engine_options("parallel=replica,world_size=2") == {"parallel": "replica", "world_size": 2}
+    with pytest.raises(SystemExit):
+        run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03", "--engine-options", "x")
