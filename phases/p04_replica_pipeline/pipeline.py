@@ -120,6 +120,13 @@ class Stage(LLM):
     """An LLM built on one stage's part of the model, with a KV pool for that part's layers."""
     rank: int
 
+    def __init__(self, model: str = "smollm2-135m", **options):
+        # One process group per direction. NCCL runs a group's sends and receives in order on one
+        # stream: on a single group the head's recv of group 0's logits would queue behind its send
+        # of group 1's hidden states, which the tail takes only after sending those logits.
+        self.to_tail, self.to_head = dist.new_group([HEAD, TAIL]), dist.new_group([HEAD, TAIL])
+        super().__init__(model, **options)
+
     def _build_model(self) -> StageModel:
         with torch.device(self.device):
             model = StageModel(self.model_config, stage_layers(self.model_config.num_layers, self.rank))
@@ -139,9 +146,11 @@ class Stage(LLM):
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
         return KVCache(stage_cfg, int(agreed.item()), c.block_size, self.device, self.dtype)
 
-    def _recv(self, shape, dtype: torch.dtype, src: int) -> torch.Tensor:
+    def _recv(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """Receive from the other stage."""
+        other, group = (TAIL, self.to_head) if self.rank == HEAD else (HEAD, self.to_tail)
         t = torch.empty(shape, dtype=dtype, device=self.device)
-        dist.recv(t, src)
+        dist.recv(t, other, group=group)
         return t
 
 
@@ -174,7 +183,7 @@ class PipelineHead(Stage):
         if not self.in_flight:
             return []
         group, seqs, sends = self.in_flight.popleft()
-        logits = self._recv((len(seqs), self.model_config.vocab_size), torch.float32, TAIL)
+        logits = self._recv((len(seqs), self.model_config.vocab_size), torch.float32)
         for work in sends:
             work.wait()
         return self._commit(group, seqs, logits)
@@ -187,11 +196,12 @@ class PipelineHead(Stage):
         ints = describe(seqs, is_prefill)
         header = torch.tensor([len(ints), hidden.shape[0]], device=self.device)
         body = torch.tensor(ints, device=self.device)
-        self.in_flight.append((group, seqs, [dist.isend(t, TAIL) for t in (header, body, hidden)]))
+        sends = [dist.isend(t, TAIL, group=self.to_tail) for t in (header, body, hidden)]
+        self.in_flight.append((group, seqs, sends))
 
     def close(self) -> None:
         """Tell the tail to stop (a header of zeros)."""
-        dist.send(torch.zeros(2, dtype=torch.int64, device=self.device), TAIL)
+        dist.send(torch.zeros(2, dtype=torch.int64, device=self.device), TAIL, group=self.to_tail)
 
 
 class PipelineTail(Stage):
@@ -201,14 +211,14 @@ class PipelineTail(Stage):
     @torch.inference_mode()
     def serve(self) -> None:
         while True:
-            num_ints, num_tokens = self._recv((2,), torch.int64, HEAD).tolist()
+            num_ints, num_tokens = self._recv((2,), torch.int64).tolist()
             if num_ints == 0:
                 return
-            seqs, is_prefill = read_description(self._recv((num_ints,), torch.int64, HEAD).tolist())
-            hidden = self._recv((num_tokens, self.model_config.hidden_size), self.dtype, HEAD)
+            seqs, is_prefill = read_description(self._recv((num_ints,), torch.int64).tolist())
+            hidden = self._recv((num_tokens, self.model_config.hidden_size), self.dtype)
             prepare = self.runner.prepare_prefill if is_prefill else self.runner.prepare_decode
             _, step = prepare(seqs)
-            dist.send(self.model(hidden, step), HEAD)               # (B, vocab) fp32 logits
+            dist.send(self.model(hidden, step), HEAD, group=self.to_head)   # (B, vocab) fp32 logits
 
 
 STAGES = {HEAD: PipelineHead, TAIL: PipelineTail}
