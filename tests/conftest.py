@@ -5,6 +5,7 @@ computed once per session per preset (see tests/reference.py) and every engine i
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -51,3 +52,32 @@ def hf_reference():
 def tokenizer():
     """The SmolLM2 tokenizer (all presets share it)."""
     return reference.tokenizer()
+
+
+# --- the phase under test -----------------------------------------------------------------------
+# The engine suites in tests/suites/ are written once; tests/pNN_topic/test_<suite>.py imports a
+# suite and sets PHASE (and PREVIOUS, for suites that compare two phases). These fixtures read it.
+
+@pytest.fixture(scope="module")
+def phase(request) -> str:
+    return request.module.PHASE
+
+
+@pytest.fixture(scope="module")
+def LLM(phase):  # noqa: N802 - named like the class it returns, so suites read naturally
+    return importlib.import_module(f"phases.{phase}").LLM
+
+
+@pytest.fixture(scope="module")
+def PrevLLM(request):  # noqa: N802
+    return importlib.import_module(f"phases.{request.module.PREVIOUS}").LLM
+
+
+@pytest.fixture(scope="module")
+def Sequence(phase):  # noqa: N802
+    return importlib.import_module(f"phases.{phase}.sequence").Sequence
+
+
+@pytest.fixture(scope="module")
+def cli(phase):
+    return importlib.import_module(f"phases.{phase}.__main__")

@@ -1,31 +1,4 @@
-"""The command line (`make phase-NN run`): answers, and turns bad input into a one-line error."""
-from __future__ import annotations
-
-import importlib
-
-import pytest
+"""p03_vectorized_gather: the command line (the shared suite tests/suites/cli.py)."""
+from tests.suites.cli import *  # noqa: F401,F403 - its tests and fixtures, collected here
 
 PHASE = "p03_vectorized_gather"
-cli = importlib.import_module(f"phases.{PHASE}.__main__")
-
-
-def test_cli_generates_and_reports(capsys):
-    cli.main(["--model", "tiny-llama", "--prompt", "Hello there", "--max-tokens", "5", "--device", "cpu"])
-    out = capsys.readouterr().out
-    assert "[5 tokens in" in out and "finish: length" in out
-
-
-def test_cli_chat_answers_on_the_real_model(capsys):
-    cli.main(["--chat", "--prompt", "What is the capital of France?", "--max-tokens", "20", "--device", "cpu"])
-    assert "Paris" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--model", "no-such-model"], "unknown model"),
-    (["--model", "tiny-llama", "--max-tokens", "0"], "max_tokens"),
-    (["--model", "tiny-llama", "--temperature", "-1"], "temperature"),
-    (["--model", "tiny-llama", "--dtype", "int3"], "unknown dtype"),
-])
-def test_cli_bad_input_is_one_clear_line(args, message):
-    with pytest.raises(SystemExit, match=message):
-        cli.main([*args, "--device", "cpu"])

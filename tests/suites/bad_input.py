@@ -1,0 +1,115 @@
+"""Bad input fails at once with a clear ValueError, does no work, and leaves the engine usable."""
+import re
+
+import pytest
+import torch
+
+from common.sampling import SamplingParams
+
+
+MAX_LEN = 64
+OK = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(LLM):
+    return LLM("tiny-llama", device="cpu", dtype="float32", max_model_len=MAX_LEN)
+
+
+class ForwardCounter:
+    """Counts nn.Module forward calls anywhere in this process while active."""
+
+    def __enter__(self):
+        self.calls = 0
+        self._handle = torch.nn.modules.module.register_module_forward_hook(self._hook)
+        return self
+
+    def _hook(self, *args):
+        self.calls += 1
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+def test_empty_string_prompt(llm):
+    """An empty text prompt (no tokens) is rejected."""
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate([""], OK)
+
+
+def test_empty_id_list(llm):
+    """An empty token-id list is rejected, alone or inside a batch."""
+    with pytest.raises(ValueError, match="at least one prompt"):
+        llm.generate([], OK)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate([[1, 2, 3], []], OK)
+
+
+def test_prompt_plus_max_tokens_over_context(llm):
+    """prompt + max_tokens > max_model_len is rejected with both numbers; exactly equal is fine."""
+    with pytest.raises(ValueError, match=r"prompt \(60 tokens\) \+ max_tokens \(5\) exceeds the context length 64"):
+        llm.generate([list(range(1, 61))], SamplingParams(temperature=0, max_tokens=5))
+    out = llm.generate([list(range(1, 61))], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
+def test_max_model_len_over_model_limit(LLM):
+    """An engine cannot be configured past the model's max_position_embeddings."""
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings 2048"):
+        LLM("tiny-llama", device="cpu", dtype="float32", max_model_len=4096)
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_max_tokens_not_positive(max_tokens):
+    """max_tokens <= 0 is rejected when the SamplingParams is built."""
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+        SamplingParams(max_tokens=max_tokens)
+
+
+def test_unknown_preset(LLM):
+    """An unknown model name lists the presets in its message."""
+    with pytest.raises(ValueError, match="unknown model 'no-such-model'") as err:
+        LLM("no-such-model", device="cpu")
+    assert "tiny-llama" in str(err.value) and "smollm2-135m" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-2), "top_k must be a non-negative integer"),
+])
+def test_bad_sampling_values(llm, kwargs, message):
+    """Out-of-range sampling values are rejected before any request is made."""
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[1, 2, 3]], SamplingParams(**kwargs))
+
+
+def test_token_id_out_of_vocab(llm):
+    """Token ids outside [0, vocab) are rejected (both ends)."""
+    vocab = llm.model_config.vocab_size
+    for bad in (vocab, -1):
+        with pytest.raises(ValueError, match=re.escape(f"token ids must be ints in [0, {vocab})")):
+            llm.generate([[1, bad, 3]], OK)
+
+
+def test_mismatched_sampling_params(llm):
+    """A list of SamplingParams must have one entry per prompt."""
+    with pytest.raises(ValueError, match="got 1 SamplingParams for 2 prompts"):
+        llm.generate([[1, 2], [3, 4]], [OK])
+
+
+def test_bad_request_in_batch_does_no_work(llm):
+    """A batch whose last request is bad fails before any forward pass, names the request,
+    and the engine then serves good requests unchanged."""
+    good = [5, 6, 7, 8]
+    before = llm.generate([good], OK)[0]
+    with ForwardCounter() as counter:
+        with pytest.raises(ValueError, match="request 2: the prompt is empty"):
+            llm.generate([good, good, []], OK)
+    assert counter.calls == 0
+    with ForwardCounter() as counter:
+        after = llm.generate([good], OK)[0]
+    assert counter.calls > 0          # the counter does see real work
+    assert after.token_ids == before.token_ids
