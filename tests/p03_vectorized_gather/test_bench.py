@@ -1,25 +1,4 @@
-"""The phase's bench module: its run lists and the gather-share measurement, on CPU."""
-import importlib
-
-from common import workloads
+"""p03_vectorized_gather: its bench module (the shared suite tests/suites/gather_bench.py)."""
+from tests.suites.gather_bench import *  # noqa: F401,F403 - its tests and fixtures, collected here
 
 PHASE = "p03_vectorized_gather"
-LLM = importlib.import_module(f"phases.{PHASE}").LLM
-bench = importlib.import_module(f"phases.{PHASE}.bench")
-
-
-def test_runs_name_this_phase_and_its_peers():
-    for run in bench.GPU_RUNS + bench.CPU_RUNS:
-        assert bench.ENGINE in run[run.index("--engines") + 1].split(",")
-    assert bench.device_and_dtype(["--device", "cpu", "--presets", "x"]) == ("cpu", "float32")
-
-
-def test_gather_share_times_a_decode_step():
-    """Two requests in flight: the step's gathers take part of the step, and nothing is left over."""
-    llm = LLM("tiny-llama", device="cpu", dtype="float32", cpu_kv_cache_bytes=1 << 22)
-    rec = bench.gather_level(llm, 2, "small")
-    m = rec["metrics"]
-    assert rec["setting"] == {"concurrency": 2} and len(rec["samples"]) == bench.STEPS
-    assert 0 < m["gather_ms"] < m["step_ms"] and m["gather_share"] == m["gather_ms"] / m["step_ms"]
-    assert m["context_tokens"] == workloads.CONCURRENCY_LENS["small"][0] + bench.STEPS + 1
-    assert not llm.has_unfinished()
