@@ -92,7 +92,7 @@ class HFEngine:
     @torch.inference_mode()
     def _generate_batch(self, requests) -> list[Output]:
         params = requests[0][1]
-        if params.stop or any(p != params for _, p in requests[1:]) and len(requests) > 1:
+        if params.stop or any(p != params for _, p in requests[1:]):
             raise ValueError("the HF baseline takes one SamplingParams per batch and no stop strings")
         ids, mask = self._left_pad([r[0] for r in requests])
         clock = _TokenClock(self.device)
