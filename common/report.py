@@ -49,7 +49,8 @@ def load_records(root: Path = ROOT) -> list[dict]:
             print(f"[report] skipping {file}: {err}", file=sys.stderr)
             continue
         rel = file.relative_to(root).as_posix()
-        records += [r | {"file": rel} for r in (data if isinstance(data, list) else []) if _valid(r)]
+        records += [r | {"file": rel, "engine": engine_label(r)}
+                    for r in (data if isinstance(data, list) else []) if _valid(r)]
     return records
 
 
@@ -57,6 +58,17 @@ def _valid(rec) -> bool:
     fields = ("phase", "engine", "workload", "device", "preset")
     return (isinstance(rec, dict) and all(isinstance(rec.get(k), str) for k in fields)
             and re.fullmatch(r"p\d\d_\w+", rec["phase"]) is not None and isinstance(rec.get("metrics"), dict))
+
+
+def engine_label(rec: dict) -> str:
+    """The engine, plus its parallel mode when it ran over several processes: "p04 replica"."""
+    mode = (rec.get("setting") or {}).get("parallel")
+    return rec["engine"] if mode in (None, "none") else f"{rec['engine']} {mode}"
+
+
+def is_own(engine: str, phase: str) -> bool:
+    """Is `engine` (a label) this phase's own engine, in any parallel mode?"""
+    return engine.split()[0] == phase_engine(phase)
 
 
 def metric(rec: dict | None, key: str) -> float | None:
@@ -100,7 +112,7 @@ def order_presets(names) -> list[str]:
 def order_engines(names) -> list[str]:
     """Phase engines (p01, p02, ...), then the HF peers, then anything else."""
     def rank(e: str) -> tuple:
-        return (0, e) if re.fullmatch(r"p\d\d", e) else (1, str(PEERS.index(e))) if e in PEERS else (2, e)
+        return (0, e) if re.fullmatch(r"p\d\d( \w+)?", e) else (1, str(PEERS.index(e))) if e in PEERS else (2, e)
     return sorted(set(names), key=rank)
 
 
@@ -179,26 +191,26 @@ def previous_records(records: list[dict], phase: str, device: str, workload: str
 def before_after(records: list[dict], phase: str, device: str, workload: str) -> str | None:
     """One table: a row per model, a column per engine (previous, this, peers), then ratios."""
     key, label, extras = WORKLOADS[workload]
-    this = phase_engine(phase)
     recs = [r for r in select(records, phase=phase, device=device, workload=workload)
             if r["engine"] != prev_engine(phase)] + previous_records(records, phase, device, workload)
-    if not any(r.get("engine") == this for r in recs):
-        return None
     engines = order_engines(r["engine"] for r in recs)
-    others = [e for e in engines if e != this]
-    mine = select(recs, engine=this)
+    own = [e for e in engines if is_own(e, phase)]      # "p04", or "p04 replica" and "p04 pipeline"
+    if not own:
+        return None
+    others = [e for e in engines if e not in own]
+    mine = [r for r in recs if r["engine"] in own]
     extras = {k: v for k, v in extras.items() if any(metric(r, k) is not None for r in mine)}
     vary = varying(recs)
-    header = ["model", *[f"**{e}**" if e == this else e for e in engines],
-              *[f"{this} {v}" for v in extras.values()], *[f"{this} vs {e}" for e in others]]
+    header = ["model", *[f"**{e}**" if e in own else e for e in engines],
+              *[f"{o} {v}" for o in own for v in extras.values()], *[f"{o} vs {e}" for o in own for e in others]]
     rows, used = [], []
     for rkey in sorted({row_key(r, vary) for r in recs}, key=_rank):
         group = [r for r in recs if row_key(r, vary) == rkey]
         cell = {e: best(select(group, engine=e), key) for e in engines}
         used += [r for r in cell.values() if r]
         rows.append([row_label(group[0], vary), *[fmt(key, metric(cell[e], key)) for e in engines],
-                     *[fmt(k, metric(cell[this], k)) for k in extras],
-                     *[ratio(metric(cell[this], key), metric(cell[e], key)) for e in others]])
+                     *[fmt(k, metric(cell[o], k)) for o in own for k in extras],
+                     *[ratio(metric(cell[o], key), metric(cell[e], key)) for o in own for e in others]])
     fixed = ", ".join(str(recs[0].get(k)) for k in ("dtype", "scale") if k not in vary)
     caption = f"**{device}**, {CAPTIONS[workload]}{f' ({fixed})' if fixed else ''}: {label}, higher is better"
     return f"{caption}\n\n{table(header, rows)}\n\n{provenance_line(used)}"
@@ -220,7 +232,7 @@ def peer_for(records: list[dict], rec: dict, engine: str) -> dict | None:
 
 
 def ladder_device(records: list[dict], device: str) -> str | None:
-    own = [r for r in select(records, device=device) if r.get("engine") == phase_engine(r.get("phase", ""))]
+    own = [r for r in select(records, device=device) if is_own(r.get("engine", ""), r.get("phase", ""))]
     lat, off = select(own, workload="latency"), select(own, workload="offline")
     if not own:
         return None

@@ -118,3 +118,19 @@ def test_concurrency_rows_in_numeric_order(tmp_path):
         "| model | p01 | **p02** | hf-generate | p02 ms/step (ITL p50) | p02 vs p01 | p02 vs hf-generate |",
         "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | 5.00× | 2.50× |",
         "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | 5.00× | 2.50× |"]
+
+
+def test_parallel_modes_are_columns_of_their_own(tmp_path):
+    """A phase that runs its engine in two parallel modes gets one bold column and one ratio per mode."""
+    recs = [latency("p04_par", "p03", "llama-1b", 100.0)]
+    for mode, tok_s in [("replica", 190.0), ("pipeline", 80.0)]:
+        rec = latency("p04_par", "p04", "llama-1b", tok_s)
+        rec["setting"] = {"batch": 1, "parallel": mode, "world_size": 2}
+        recs.append(rec)
+    (tmp_path / "results/p04_par").mkdir(parents=True)
+    (tmp_path / "results/p04_par/latency-h200.json").write_text(json.dumps(recs))
+    table = report.before_after(report.load_records(tmp_path), "p04_par", "NVIDIA H200", "latency")
+    header, row = rows(table)
+    assert "**p04 pipeline**" in header and "**p04 replica**" in header
+    assert "p04 replica vs p03" in header and "p04 pipeline vs p03" in header
+    assert "| 1.90× |" in row and "| 0.80× |" in row
