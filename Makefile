@@ -3,6 +3,7 @@
 #   make run                    chat with the newest phase's engine on the real model (offline)
 #   make test                   the whole test suite
 #   make phase-01 run|bench|test   one phase: its CLI, its standard benchmark set, its tests
+#   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea)
 #   make results                regenerate README tables from results/ and execute the notebooks
 
@@ -38,7 +39,7 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 	$(PY) -c "from common.smollm2 import converted_dir; print('SmolLM2 ready in', converted_dir())"
 
-# --- one phase: make phase-NN run|bench|test ------------------------------------------------
+# --- one phase: make phase-NN run|bench|test|profile -------------------------------------
 PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
 ifneq ($(PHASE_GOAL),)
 PHASE := $(notdir $(wildcard phases/p$(patsubst phase-%,%,$(PHASE_GOAL))_*))
@@ -53,6 +54,9 @@ else ifeq ($(ACTION),bench)
 	$(PY) -m phases.$(PHASE).bench $(ARGS)
 else ifeq ($(ACTION),test)
 	$(PY) -m pytest tests/$(PHASE) $(ARGS)
+else ifeq ($(ACTION),profile)
+	@test -f phases/$(PHASE)/profiler.py || { echo "phase $(PHASE) has no profile mode (phase 05 on)"; exit 2; }
+	$(PY) -m phases.$(PHASE) --profile $(ARGS)
 else
 	@echo "phase $(PHASE) has no '$(ACTION)' target"; exit 2
 endif
