@@ -21,7 +21,8 @@ import torch
 from torch.autograd import DeviceType
 
 from common import roofline, workloads
-from common.device import device_name, dtype_name, synchronize
+from common.bench import free_memory
+from common.device import default_device, device_name, dtype_name, synchronize
 from common.results import device_tag, provenance, write_records
 
 PHASE = __package__.split(".")[-1]
@@ -49,8 +50,11 @@ def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_
     check_counts(batch_sizes, steps, timed_steps, warmup)
     if engine_options.get("parallel", "none") != "none":
         raise ValueError("the profile runs one in-process engine: parallel must be 'none'")
+    if bandwidth is None:             # measured before the KV pool takes the free memory
+        device = engine_options.get("device") or default_device()
+        bandwidth = roofline.copy_bandwidth(device)
+        free_memory(device)
     llm = LLM(model, detokenize=False, **engine_options)
-    bandwidth = bandwidth or roofline.copy_bandwidth(llm.device)
     tag = device_tag(device_name(llm.device))
     records = []
     for batch in batch_sizes:
