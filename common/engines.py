@@ -1,4 +1,4 @@
-"""Engine names used by the bench harness: "p03" (a phase's LLM), "hf-generate", "hf-static"."""
+"""Engine names used by the bench harness: "p03" (a phase's LLM), or an HF baseline (HF_ENGINES)."""
 from __future__ import annotations
 
 import importlib
@@ -6,7 +6,11 @@ import re
 
 from .results import ROOT
 
-HF_ENGINES = {"hf-generate": "eager", "hf-static": "static"}
+# HF baselines: name -> HFEngine options. "hf-generate-nocudnn" is eager generate with cuDNN's SDPA
+# kernel ruled out: on H200 PyTorch picks cuDNN for masked (padded, batched) attention, and cuDNN
+# builds a plan for every new key length, i.e. every decode step (see the phases' attention.py).
+HF_ENGINES = {"hf-generate": {"mode": "eager"}, "hf-static": {"mode": "static"},
+              "hf-generate-nocudnn": {"mode": "eager", "cudnn_attention": False}}
 
 
 def phase_folder(name: str) -> str:
@@ -22,7 +26,7 @@ def make_engine(name: str, preset: str, device: str, dtype: str, **options):
     """Build an engine with the common generate() API; benchmarks skip detokenizing."""
     if name in HF_ENGINES:
         from .hf_reference import HFEngine
-        return HFEngine(preset, mode=HF_ENGINES[name], device=device, dtype=dtype,
+        return HFEngine(preset, **HF_ENGINES[name], device=device, dtype=dtype,
                         detokenize=False, **options)
     module = importlib.import_module(f"phases.{phase_folder(name)}")
     return module.LLM(preset, device=device, dtype=dtype, detokenize=False, **options)

@@ -3,12 +3,15 @@
 `HFEngine` has the same generate() API as the phase engines, so the bench harness drives both.
 engine "hf-generate": eager `model.generate` with the default dynamic cache.
 engine "hf-static":   `cache_implementation="static"`, which makes generate() compile the forward.
+engine "hf-generate-nocudnn": "hf-generate" with cuDNN's attention kernel ruled out (common.engines).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
@@ -71,7 +74,8 @@ class HFEngine:
     """Baseline engine over transformers generate(); batch_size > 1 pads (left) and batches."""
 
     def __init__(self, model: str = "smollm2-135m", *, mode: str = "eager", device: str | None = None,
-                 dtype: str | None = None, batch_size: int = 1, seed: int = 0, detokenize: bool = True):
+                 dtype: str | None = None, batch_size: int = 1, seed: int = 0, detokenize: bool = True,
+                 cudnn_attention: bool = True):
         if mode not in ("eager", "static"):
             raise ValueError(f"mode must be 'eager' or 'static', got {mode!r}")
         self.device = check_device(device or default_device())
@@ -79,6 +83,7 @@ class HFEngine:
         self.source = resolve(model, seed=seed)
         self.model = build_hf_model(self.source, self.device, self.dtype)
         self.mode, self.batch_size, self.detokenize = mode, batch_size, detokenize
+        self.cudnn_attention = cudnn_attention
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
         cfg = self.source.config
@@ -97,10 +102,17 @@ class HFEngine:
         ids, mask = self._left_pad([r[0] for r in requests])
         clock = _TokenClock(self.device)
         arrival = time.perf_counter()
-        out = self.model.generate(ids, attention_mask=mask, generation_config=self._config(requests),
-                                  streamer=clock)
+        with self._attention_backends():
+            out = self.model.generate(ids, attention_mask=mask, generation_config=self._config(requests),
+                                      streamer=clock)
         return [self._output(prompt, p, out[row, ids.shape[1]:].tolist(), arrival, clock.times)
                 for row, (prompt, p) in enumerate(requests)]
+
+    def _attention_backends(self):
+        """Every SDPA backend, or all but cuDNN's (which plans per new shape)."""
+        if self.cudnn_attention:
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _left_pad(self, prompts: list[list[int]]):
         width = max(len(p) for p in prompts)

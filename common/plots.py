@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt   # noqa: E402  (after choosing the backend)
 
 from .report import best, metric, order_devices, order_engines, order_presets, select   # noqa: E402
 
-COLORS = {"hf-generate": "tab:gray", "hf-static": "tab:olive"}
+COLORS = {"hf-generate": "tab:gray", "hf-static": "tab:olive", "hf-generate-nocudnn": "tab:brown"}
 
 
 def color(engine: str, engines: list[str]) -> str:
