@@ -159,7 +159,10 @@ def summarize(events, wall_s: float, steps: int, on_gpu: bool) -> dict:
     kernels = [e for e in events if e.device_type != DeviceType.CPU
                and not getattr(e, "is_user_annotation", False) and e.name not in STAGES]
     launches = [k for k in kernels if not k.name.startswith(("Memcpy", "Memset"))]
-    host_ops = [e for e in events if e.device_type == DeviceType.CPU]
+    first = min((e.time_range.start for e in ranges), default=0)
+    last = max((e.time_range.end for e in ranges), default=0)
+    host_ops = [e for e in events if e.device_type == DeviceType.CPU     # the steps' own, not the
+                and first <= e.time_range.start <= last]                 # clock's synchronize calls
     per_step = 1e-3 / steps                                     # event us, summed -> ms per step
     cpu = {s: per_step * sum(e.cpu_time_total for e in ranges if e.name == s) for s in STAGES}
     gpu = {s: per_step * sum(_device_us(e) for e in ranges if e.name == s) for s in STAGES}

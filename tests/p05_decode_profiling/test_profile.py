@@ -87,16 +87,20 @@ def test_stages_are_no_ops_without_a_profiler(monkeypatch, prompts_for):
 
 def test_gpu_summary_arithmetic_on_hand_made_events():
     """Kernel time per stage from the range events, busy time as a union of kernel intervals
-    (overlaps once), GPU range annotations and copies not counted as kernels."""
+    (overlaps once), GPU range annotations and copies not counted as kernels, and only the syncs
+    that happen between the first and the last stage."""
     def event(name, device=DeviceType.CPU, cpu=0.0, gpu=0.0, span=(0.0, 0.0), annotation=False):
         return SimpleNamespace(name=name, device_type=device, cpu_time_total=cpu, device_time_total=gpu,
                                time_range=SimpleNamespace(start=span[0], end=span[1]),
                                is_user_annotation=annotation)
-    events = [event("attention", cpu=100, gpu=50, annotation=True), event("mlp", cpu=30, gpu=40, annotation=True),
+    events = [event("attention", cpu=100, gpu=50, span=(0, 100), annotation=True),
+              event("mlp", cpu=30, gpu=40, span=(100, 130), annotation=True),
               event("attention", DeviceType.CUDA, span=(0, 200), annotation=True),
               event("gemm", DeviceType.CUDA, span=(0, 50)), event("gemm", DeviceType.CUDA, span=(40, 90)),
               event("Memcpy DtoH (Device -> Pageable)", DeviceType.CUDA, span=(100, 101)),
-              event("cudaStreamSynchronize"), event("aten::item"), event("aten::_local_scalar_dense")]
+              event("cudaStreamSynchronize", span=(120, 125)), event("aten::item", span=(10, 11)),
+              event("aten::_local_scalar_dense", span=(10, 11)),
+              event("cudaDeviceSynchronize", span=(150, 160))]        # the clock's, after the last stage
     s = profiler.summarize(events, wall_s=400e-6, steps=2, on_gpu=True)
     assert s["wall_ms_per_step_profiled"] == pytest.approx(0.2)
     assert s["stage_gpu_ms"]["attention"] == pytest.approx(0.025)
