@@ -6,11 +6,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common.model_config import ModelConfig
 
 from .kv_cache import KVCache
 from .layers import apply_rotary
+
+# The SDPA kernels attention may use: all but cuDNN's. cuDNN builds an execution plan for every
+# new shape, about 3 ms of host time per call (an H200 profile, llama-1b), and a decode step's key
+# length is new every step: each layer of each step would pay it. The others need no plan.
+BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -65,14 +71,16 @@ class Attention(nn.Module):
         # enable_gqa with a mask means its math kernel: K/V copied per query head, in fp32.)
         B, KV, G = q.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads
         k, v = step.cache.gather(self.layer, step)                      # (B, S, KV, head_dim)
-        out = F.scaled_dot_product_attention(q.view(B, KV, G, self.head_dim), k.transpose(1, 2),
-                                             v.transpose(1, 2), attn_mask=step.key_mask)
+        with sdpa_kernel(BACKENDS):
+            out = F.scaled_dot_product_attention(q.view(B, KV, G, self.head_dim), k.transpose(1, 2),
+                                                 v.transpose(1, 2), attn_mask=step.key_mask)
         return out.view(B, self.num_heads, self.head_dim)               # (B, H, head_dim)
 
 
 def _causal(q, k, v) -> torch.Tensor:
     # (T, heads, head_dim) -> (heads, T, head_dim) for SDPA and back. GQA: query head h reads kv
     # head h // (H / KV), the repeat_interleave layout; enable_gqa does it without copying K/V.
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         is_causal=True, enable_gqa=True)
+    with sdpa_kernel(BACKENDS):
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             is_causal=True, enable_gqa=True)
     return out.transpose(0, 1)
