@@ -74,7 +74,8 @@ class Attention(nn.Module):
         with sdpa_kernel(BACKENDS):
             out = F.scaled_dot_product_attention(q.view(B, KV, G, self.head_dim), k.transpose(1, 2),
                                                  v.transpose(1, 2), attn_mask=step.key_mask)
-        return out.view(B, self.num_heads, self.head_dim)               # (B, H, head_dim)
+        # reshape, not view: the efficient kernel returns (B, KV, G, D) with G strided apart
+        return out.reshape(B, self.num_heads, self.head_dim)            # (B, H, head_dim)
 
 
 def _causal(q, k, v) -> torch.Tensor:
