@@ -24,7 +24,6 @@ class EngineConfig:
     max_num_batched_tokens: int = 16384  # tokens in one forward step (a prompt must fit whole)
     parallel: str = "none"           # "replica": world_size whole engines; "pipeline": 2 layer stages
     world_size: int = 1              # worker processes, one device each (1 = one engine in-process)
-    pinned_inputs: bool = True       # stage step inputs in pinned memory (False: the old synchronous copies)
 
     def __post_init__(self):
         self.device = check_device(self.device or default_device())

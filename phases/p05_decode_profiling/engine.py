@@ -49,7 +49,7 @@ class LLM:
         self.cache = self._build_cache()       # after the weights: the pool takes what memory is left
         self.scheduler = Scheduler(BlockManager(self.cache.num_blocks, self.cache.block_size),
                                    self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.cache, self.device, self.config.pinned_inputs)
+        self.runner = ModelRunner(self.model, self.cache, self.device)
         self.generators: dict[int, torch.Generator | None] = {}   # seq_id -> its private RNG
         self._seq_ids = itertools.count()
         torch.manual_seed(self.config.seed)

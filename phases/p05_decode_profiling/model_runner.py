@@ -11,10 +11,9 @@ from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: Model, cache: KVCache, device: str, pinned_inputs: bool = True):
+    def __init__(self, model: Model, cache: KVCache, device: str):
         self.model, self.cache, self.device = model, cache, device
         self.block_size = cache.block_size
-        self.pin = pinned_inputs and device.startswith("cuda")
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
@@ -71,11 +70,4 @@ class ModelRunner:
         return (keys[None, :] < self._ints(context_lens)[:, None])[:, None, None, :]
 
     def _ints(self, values) -> torch.Tensor:
-        """Host ints -> an int64 tensor on the device. torch.tensor(..., device="cuda") copies from
-        pageable memory, and that copy waits for the GPU to drain (a cudaStreamSynchronize each,
-        6 per decode step in the profile): the host can never run ahead of the GPU. Staged in
-        pinned (page-locked) memory, the copy is queued like a kernel and the host moves on."""
-        if not self.pin:
-            return torch.tensor(list(values), dtype=torch.int64, device=self.device)
-        host = torch.tensor(list(values), dtype=torch.int64, pin_memory=True)
-        return host.to(self.device, non_blocking=True)
+        return torch.tensor(list(values), dtype=torch.int64, device=self.device)
