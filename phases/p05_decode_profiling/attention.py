@@ -35,7 +35,7 @@ class StepContext:
     cu_seqlens: list[int] | None = None      # prefill: (B+1,) host ints, prompt boundaries in T
     kv_index: torch.Tensor | None = None     # decode: (B, max(context_lens)) int64 pool slot of each key
     context_lens: list[int] | None = None    # decode: (B,) host ints, cached tokens incl. this step's
-    key_mask: torch.Tensor | None = None     # decode: (B, 1, 1, max(context_lens)) bool, True = a real key
+    key_mask: torch.Tensor | None = None     # decode: (B, 1, 1, max(context_lens)), bool (True = a real key) or additive (0 / -inf)
 
 
 class Attention(nn.Module):

@@ -24,6 +24,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 16384  # tokens in one forward step (a prompt must fit whole)
     parallel: str = "none"           # "replica": world_size whole engines; "pipeline": 2 layer stages
     world_size: int = 1              # worker processes, one device each (1 = one engine in-process)
+    lean_step: bool = True           # the profile's two fixes (fused RMSNorm, key mask made once
+                                     # per step); False = the step as first profiled, for before/after
 
     def __post_init__(self):
         self.device = check_device(self.device or default_device())

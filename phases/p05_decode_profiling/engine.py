@@ -49,14 +49,14 @@ class LLM:
         self.cache = self._build_cache()       # after the weights: the pool takes what memory is left
         self.scheduler = Scheduler(BlockManager(self.cache.num_blocks, self.cache.block_size),
                                    self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.runner = ModelRunner(self.model, self.cache, self.device, float_mask=self.config.lean_step)
         self.generators: dict[int, torch.Generator | None] = {}   # seq_id -> its private RNG
         self._seq_ids = itertools.count()
         torch.manual_seed(self.config.seed)
 
     def _build_model(self) -> Model:
         with torch.device(self.device):
-            model = Model(self.model_config).to(self.dtype)
+            model = Model(self.model_config, fused_norm=self.config.lean_step).to(self.dtype)
         model.load_weights(self.source.load_weights(self.device, self.dtype))
         return model.eval()
 

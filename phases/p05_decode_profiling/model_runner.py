@@ -11,9 +11,10 @@ from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: Model, cache: KVCache, device: str):
+    def __init__(self, model: Model, cache: KVCache, device: str, float_mask: bool = True):
         self.model, self.cache, self.device = model, cache, device
         self.block_size = cache.block_size
+        self.float_mask = float_mask
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
@@ -65,9 +66,15 @@ class ModelRunner:
         return tables[:, j // self.block_size] * self.block_size + j % self.block_size
 
     def _key_mask(self, context_lens: list[int]) -> torch.Tensor:
-        """(B, 1, 1, S) bool: key j of sequence b is real iff j < context_lens[b]."""
+        """(B, 1, 1, S): key j of sequence b is real iff j < context_lens[b]. As a bool mask SDPA
+        turns it into an additive one (0 real, -inf hidden) in every call: 3 launches per layer in
+        the profile. Made additive here, once per step, in the dtype of q and k (the pool's)."""
         keys = torch.arange(max(context_lens), device=self.device)
-        return (keys[None, :] < self._ints(context_lens)[:, None])[:, None, None, :]
+        real = (keys[None, :] < self._ints(context_lens)[:, None])[:, None, None, :]
+        if not self.float_mask:
+            return real
+        additive = torch.zeros(real.shape, dtype=self.cache.layers[0].dtype, device=self.device)
+        return additive.masked_fill_(~real, float("-inf"))
 
     def _ints(self, values) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int64, device=self.device)
