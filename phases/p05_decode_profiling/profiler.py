@@ -1,7 +1,9 @@
 """Profiler: named ranges around the stages of a step, and a profile of N decode steps.
 
 `stage(name)` marks a stage for torch.profiler. It opens a `record_function` range only while a
-profiler is recording, so the normal path pays one C call per stage and nothing else.
+profiler is recording, so the normal path pays one C call per stage and nothing else. While a
+StageClock runs it times the stage on the host instead: the profiler's own bookkeeping about
+doubles the host time of a launch-bound step, so the unprofiled split comes from the clock.
 
 `profile_decode` adds B identical requests, prefills them all, warms up, times decode steps
 without the profiler, then records a few more under it and reduces the events to a summary per
@@ -14,7 +16,7 @@ import gzip
 import shutil
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -32,14 +34,48 @@ STAGES = ("schedule", "prepare inputs", "embedding", "attention", "mlp", "lm_hea
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 SCALAR_READS = ("aten::item", "aten::_local_scalar_dense")
 _OFF = nullcontext()
+_clock: StageClock | None = None                  # set while clocked_steps() runs
 
 
 def stage(name: str):
-    """A profiler range named `name` while a profiler records, else a shared no-op context."""
+    """A profiler range named `name` while a profiler records, the clock's timer while a clock
+    runs, else a shared no-op context."""
+    if _clock is not None:
+        return _clock.timer(name)
     return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else _OFF
 
 
-def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_steps: int = 20,
+class StageClock:
+    """Host seconds spent inside each stage, summed over the steps it watched. The stages do not
+    nest and partition a step, so what they leave is the time outside any stage."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+
+    @contextmanager
+    def timer(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+def clocked_steps(llm, steps: int) -> dict:
+    """`steps` decode steps with the stage clock, no profiler: host ms per stage per step, the
+    rest of the step outside the stages, and the clocked wall ms per step."""
+    global _clock
+    clock = _clock = StageClock()
+    try:
+        wall = sum(timed_step(llm) for _ in range(steps))
+    finally:
+        _clock = None
+    host = {s: 1e3 * t / steps for s, t in clock.seconds.items()}
+    return {"stage_host_ms": host, "host_ms_outside_stages": 1e3 * wall / steps - sum(host.values()),
+            "wall_ms_per_step_clocked": 1e3 * wall / steps}
+
+
+def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_steps: int = 10,
                    warmup: int = 3, scale: str = "full", out_dir: Path | None = None,
                    bandwidth: float | None = None, **engine_options) -> list[dict]:
     """Profile `steps` decode steps at each batch size of one engine LLM(model, **engine_options);
@@ -81,18 +117,19 @@ def profile_batch(llm, batch: int, steps: int, timed_steps: int, warmup: int, sc
                   bandwidth: float, trace: Path | None) -> tuple[dict, list[float]]:
     """One batch size on an idle engine: the summary and the unprofiled step times (s)."""
     work = workloads.concurrency(batch, scale)
-    check_fits(llm, work, warmup + timed_steps + steps)
+    check_fits(llm, work, warmup + 2 * timed_steps + steps)
     for ids, params in work.requests:
         llm.add_request(ids, params)
     prefill(llm, batch)
     for _ in range(warmup):
         llm.step()
     samples = [timed_step(llm) for _ in range(timed_steps)]
+    clocked = clocked_steps(llm, timed_steps) if timed_steps else {}
     context = sum(seq.num_tokens + steps // 2 for seq in llm.scheduler.running)   # mid-profile KV
     events, wall = record_steps(llm, steps, trace)
     while llm.has_unfinished():                   # leave the engine idle for the next batch size
         llm.step()
-    summary = summarize(events, wall, steps, llm.device.startswith("cuda"))
+    summary = summarize(events, wall, steps, llm.device.startswith("cuda")) | clocked
     summary["wall_ms_per_step"] = 1e3 * sorted(samples)[len(samples) // 2] if samples \
         else summary["wall_ms_per_step_profiled"]
     add_roofline(summary, llm, context, bandwidth)

@@ -48,6 +48,11 @@ def test_summary_has_every_stage_and_sane_numbers(profiled):
         assert m["gap_ms_per_step"] == pytest.approx(m["wall_ms_per_step"] - m["ideal_ms_per_step"])
         assert m["gpu_busy_ms"] == m["gpu_idle_ms"] == m["kernels_per_step"] == m["syncs_per_step"] == 0
         assert rec["hardware"]["copy_bytes_per_s"] > 0 and rec["provenance"]["git_sha"]
+        # the stage clock, no profiler: every stage timed, together no more than the clocked step
+        assert set(m["stage_host_ms"]) == set(profiler.STAGES) and all(t > 0 for t in m["stage_host_ms"].values())
+        assert m["host_ms_outside_stages"] >= 0
+        assert sum(m["stage_host_ms"].values()) + m["host_ms_outside_stages"] == pytest.approx(m["wall_ms_per_step_clocked"])
+    assert profiler._clock is None                              # the clock is off again
     # the KV of three contexts is read on top of the same weights
     assert records[1]["metrics"]["bytes_per_step"] > records[0]["metrics"]["bytes_per_step"]
 
