@@ -8,6 +8,8 @@ phases/*/README.md from the JSON under results/; results are never typed by hand
                          for every workload the phase measured (latency, offline, concurrency)
   before-after-latency   the same, latency only
   before-after-offline   the same, offline only (likewise before-after-concurrency)
+  profile                phases/pNN_*/README.md: the phase's decode-step profiles (phase 05 on), per
+                         device, one row per model, batch and engine setting
 
 A README without markers is left untouched; an unknown name is reported and left as it is.
 --check writes nothing and exits 1 when any README differs from what would be generated.
@@ -223,6 +225,38 @@ def before_after_all(records: list[dict], phase: str, workloads=tuple(WORKLOADS)
     return "\n\n".join(tables) or f"_No results yet: run `make phase-{phase[1:3]} bench`, then `make results`._"
 
 
+# --- profile: one decode step per model, batch and engine setting (phase 05 on) ----------------
+PROFILE = {"wall_ms_per_step": ("wall ms/step", "{:.2f}"), "kernels_per_step": ("kernels/step", "{:.0f}"),
+           "gpu_busy_ms": ("GPU busy ms", "{:.2f}"), "syncs_per_step": ("syncs/step", "{:.0f}"),
+           "ideal_ms_per_step": ("floor ms", "{:.3f}"), "roofline_frac": ("% of roofline", "{:.1%}")}
+
+
+def profile_table(records: list[dict], phase: str, device: str) -> str | None:
+    """A row per (model, setting) of the phase's `profile` records: batch first, then the engine
+    options the profile switched (e.g. lean_step), then the per-step metrics."""
+    recs = select(records, phase=phase, device=device, workload="profile")
+    if not recs:
+        return None
+    keys = sorted({k for r in recs for k in r.get("setting") or {}}, key=lambda k: (k != "batch", k))
+
+    def setting(r: dict) -> tuple:
+        return tuple((r.get("setting") or {}).get(k, "–") for k in keys)
+    rows = [[r["preset"], *map(str, setting(r)),
+             *["–" if metric(r, k) is None else f.format(metric(r, k)) for k, (_, f) in PROFILE.items()]]
+            for r in sorted(recs, key=lambda r: _rank((r["preset"], *setting(r))))]
+    dtypes = ", ".join(sorted({str(r.get("dtype")) for r in recs}))
+    caption = (f"**{device}**, one decode step ({dtypes}): wall = median of unprofiled steps; kernels, GPU busy "
+               "and syncs from the profiled steps; floor = weights + KV read once at the measured copy bandwidth")
+    header = ["model", *keys, *[label for label, _ in PROFILE.values()]]
+    return f"{caption}\n\n{table(header, rows)}\n\n{provenance_line(recs)}"
+
+
+def profile_all(records: list[dict], phase: str) -> str:
+    devices = order_devices(r.get("device") for r in select(records, phase=phase, workload="profile"))
+    tables = [t for t in (profile_table(records, phase, d) for d in devices) if t]
+    return "\n\n".join(tables) or f"_No profile yet: run `make phase-{phase[1:3]} profile` on a GPU, then `make results`._"
+
+
 # --- ladder: every phase's own engine, per device -----------------------------------------------
 def peer_for(records: list[dict], rec: dict, engine: str) -> dict | None:
     """A peer's latency on the same device, model and dtype: same phase's run first, else any."""
@@ -268,6 +302,8 @@ def build(name: str, phase: str | None, records: list[dict]) -> str | None:
     """The generated body for marker `name` (None when the name is unknown here)."""
     if name == "ladder":
         return ladder(records)
+    if phase and name == "profile":
+        return profile_all(records, phase)
     if phase and name == "before-after":
         return before_after_all(records, phase)
     if phase and name.startswith("before-after-") and name[len("before-after-"):] in WORKLOADS:

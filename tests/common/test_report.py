@@ -134,3 +134,26 @@ def test_parallel_modes_are_columns_of_their_own(tmp_path):
     assert "**p04 pipeline**" in header and "**p04 replica**" in header
     assert "p04 replica vs p03" in header and "p04 pipeline vs p03" in header
     assert "| 1.90× |" in row and "| 0.80× |" in row
+
+
+def test_profile_rows_per_batch_and_setting(tmp_path):
+    """One row per (batch, engine option), batches in numeric order; the marker fills the README."""
+    def prof(batch, lean, wall, kernels):
+        rec = record("p05_prof", "p05", "llama-1b", "profile", wall_ms_per_step=wall, kernels_per_step=kernels,
+                     gpu_busy_ms=2.0, syncs_per_step=7.0, ideal_ms_per_step=0.5, roofline_frac=0.5 / wall)
+        return rec | {"setting": {"lean_step": lean, "batch": batch}}
+    recs = [prof(b, lean, w, k) for b, lean, w, k in [(64, 0, 12.0, 568.0), (1, 1, 8.0, 414.0), (1, 0, 10.0, 558.0)]]
+    (tmp_path / "results/p05_prof").mkdir(parents=True)
+    (tmp_path / "results/p05_prof/profile-h200.json").write_text(json.dumps(recs))
+    (tmp_path / "phases/p05_prof").mkdir(parents=True)
+    (tmp_path / "phases/p05_prof/README.md").write_text("<!-- results:profile -->\n<!-- /results:profile -->\n")
+    report.main(["--root", str(tmp_path)])
+    text = (tmp_path / "phases/p05_prof/README.md").read_text()
+    assert rows(text) == [
+        "| model | batch | lean_step | wall ms/step | kernels/step | GPU busy ms | syncs/step | floor ms "
+        "| % of roofline |",
+        "| llama-1b | 1 | 0 | 10.00 | 558 | 2.00 | 7 | 0.500 | 5.0% |",
+        "| llama-1b | 1 | 1 | 8.00 | 414 | 2.00 | 7 | 0.500 | 6.2% |",
+        "| llama-1b | 64 | 0 | 12.00 | 568 | 2.00 | 7 | 0.500 | 4.2% |"]
+    assert "`results/p05_prof/profile-h200.json` (git 0123456" in text
+    assert report.profile_all([], "p05_prof").startswith("_No profile yet: run `make phase-05 profile`")
