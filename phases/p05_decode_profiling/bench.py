@@ -1,9 +1,10 @@
 """`make phase-NN bench`: this phase's standard benchmark set, through common.bench.
 
-The profile is this phase's product (`make phase-NN profile`); the benchmark checks its price:
-the previous engine on one device against this one, whose stage ranges are no-ops while no
-profiler records, at batch 1 and at fixed concurrency. On a CPU: the same at --scale small on
-tiny-llama.
+The profile is this phase's product (`make phase-NN profile`); the benchmark measures what came
+of it: the previous engine on one device against this one (the lean step: fused RMSNorm, key mask
+made once per step), and this one with lean_step=0, whose difference from the previous engine is
+the price of the stage ranges while no profiler records (nothing, if they are right). At batch 1
+and at fixed concurrency; on a CPU the same at --scale small on tiny-llama.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ CPU_RUNS = [
 def main(argv: list[str]) -> None:
     for run in GPU_RUNS if torch.cuda.is_available() else CPU_RUNS:
         bench.main(["--phase", PHASE, *run, *argv])
+        bench.main(["--phase", PHASE, *run[:-1], ENGINE, "--engine-options", "lean_step=0", *argv])
 
 
 if __name__ == "__main__":
