@@ -268,26 +268,39 @@ def peer_for(records: list[dict], rec: dict, engine: str) -> dict | None:
 def ladder_device(records: list[dict], device: str) -> str | None:
     own = [r for r in select(records, device=device) if is_own(r.get("engine", ""), r.get("phase", ""))]
     lat, off = select(own, workload="latency"), select(own, workload="offline")
-    if not own:
+    conc = select(own, workload="concurrency")
+    top_c = max((r.get("setting", {}).get("concurrency", 0) for r in conc), default=0)
+    if not (lat or off or conc):
         return None
     peers = [p for p in PEERS if select(records, device=device, workload="latency", engine=p)]
     header = ["phase", "model", "decode tok/s", "ms/token", "% of roofline", *[f"vs {p}" for p in peers]]
     header += ["offline output tok/s"] if off else []
+    header += [f"output tok/s at c={top_c}"] if conc else []
     rows, used = [], []
     for phase in sorted({r["phase"] for r in own}):
-        for i, preset in enumerate(order_presets(r["preset"] for r in select(own, phase=phase))):
+        first = True
+        for preset in order_presets(r["preset"] for r in select(own, phase=phase)):
             top = best(select(lat, phase=phase, preset=preset), "decode_tok_s")
+            thru = best(select(off, phase=phase, preset=preset), "output_tok_s")
+            at_c = best([r for r in select(conc, phase=phase, preset=preset)
+                         if r.get("setting", {}).get("concurrency") == top_c], "output_tok_s")
+            if not (top or thru or at_c):          # e.g. a phase with only gather or profile records
+                continue
             mine = metric(top, "decode_tok_s")
             peer = [peer_for(records, top, p) if top else None for p in peers]
-            thru = best(select(off, phase=phase, preset=preset), "output_tok_s")
-            used += [r for r in (top, *peer, thru) if r]
-            row = [f"[{phase}](phases/{phase})" if i == 0 else "", preset,
+            used += [r for r in (top, *peer, thru, at_c) if r]
+            row = [f"[{phase}](phases/{phase})" if first else "", preset,
                    *[fmt(k, metric(top, k)) for k in ("decode_tok_s", "ms_per_token", "roofline_frac")],
                    *[ratio(mine, metric(p, "decode_tok_s")) for p in peer]]
+            first = False
             scale = f" ({thru.get('scale')})" if thru and thru.get("scale") != "full" else ""
-            rows.append(row + ([fmt("output_tok_s", metric(thru, "output_tok_s")) + scale] if off else []))
+            row += [fmt("output_tok_s", metric(thru, "output_tok_s")) + scale] if off else []
+            rows.append(row + ([fmt("output_tok_s", metric(at_c, "output_tok_s"))] if conc else []))
+    if not rows:
+        return None
     dtypes = ", ".join(sorted({str(r.get("dtype")) for r in own}))
-    caption = f"**{device}** ({dtypes}): each phase's own engine, batch-1 decode; speedups vs HF, same model"
+    caption = (f"**{device}** ({dtypes}): each phase's own engine; batch-1 decode with speedups vs HF "
+               f"(same model), offline and fixed-concurrency throughput")
     return f"{caption}\n\n{table(header, rows)}\n\n{provenance_line(used)}"
 
 

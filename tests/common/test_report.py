@@ -157,3 +157,20 @@ def test_profile_rows_per_batch_and_setting(tmp_path):
         "| llama-1b | 64 | 0 | 12.00 | 568 | 2.00 | 7 | 0.500 | 4.2% |"]
     assert "`results/p05_prof/profile-h200.json` (git 0123456" in text
     assert report.profile_all([], "p05_prof").startswith("_No profile yet: run `make phase-05 profile`")
+
+
+def test_ladder_throughput_at_the_top_concurrency_and_no_empty_rows(tmp_path):
+    """The ladder's last column is each phase's own output tok/s at the highest concurrency
+    measured; a phase with only other workloads (a gather or profile run) gets no row."""
+    root = make_repo(tmp_path)
+    conc = [record("p02_next", "p02", "llama-1b", "concurrency", output_tok_s=t) | {"setting": {"concurrency": c}}
+            for c, t in [(8, 800.0), (64, 6400.0)]]
+    gather = [record("p03_unwritten", "p03", "llama-1b", "gather", step_ms=1.0)]
+    (root / "results/p02_next/concurrency-h200.json").write_text(json.dumps(conc))
+    (root / "results/p03_unwritten").mkdir(parents=True)
+    (root / "results/p03_unwritten/gather-h200.json").write_text(json.dumps(gather))
+    report.main(["--root", str(root)])
+    h200 = (root / "README.md").read_text().split("**cpu**")[0]
+    assert rows(h200)[0].endswith("| offline output tok/s | output tok/s at c=64 |")
+    assert rows(h200)[2].endswith("| 5,000 | 6,400 |")
+    assert "p03_unwritten" not in h200
