@@ -62,7 +62,7 @@ class WorkerPool:
                 self._check_alive(deadline)
                 continue
             if kind == "error":
-                self._fail(f"worker {rank} failed:\n{payload}")
+                self._worker_error(rank, payload)
             replies[rank] = (kind, payload)
         return replies
 
@@ -72,12 +72,19 @@ class WorkerPool:
             try:                              # its last words may still be in the queue
                 kind, rank, payload = self.results.get(timeout=POLL_S)
                 if kind == "error":
-                    self._fail(f"worker {rank} failed:\n{payload}")
+                    self._worker_error(rank, payload)
             except queue.Empty:
                 pass
             self._fail(f"worker {dead[0][0]} died (exit code {dead[0][1]})")
         if deadline is not None and time.monotonic() > deadline:
             self._fail("workers did not answer in time")
+
+    def _worker_error(self, rank: int, payload: str):
+        """A worker's traceback. If a peer is dead, that is the cause (the survivor only saw its
+        connection to the peer drop), so the message names the dead one first."""
+        dead = [(r, proc.exitcode) for r, proc in enumerate(self.procs) if r != rank and not proc.is_alive()]
+        cause = "".join(f"worker {r} died (exit code {code}); " for r, code in dead)
+        self._fail(f"{cause}worker {rank} failed:\n{payload}")
 
     def _fail(self, message: str):
         self.shutdown()

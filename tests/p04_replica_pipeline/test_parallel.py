@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,7 @@ LLM = importlib.import_module(f"phases.{PHASE}").LLM
 PrevLLM = importlib.import_module(f"phases.{PREVIOUS}").LLM
 router = importlib.import_module(f"phases.{PHASE}.router")
 pipeline = importlib.import_module(f"phases.{PHASE}.pipeline")
+worker_pool = importlib.import_module(f"phases.{PHASE}.worker_pool")
 
 OPTIONS = dict(device="cpu", dtype="float32", block_size=4, cpu_kv_cache_bytes=1 << 21,
                max_num_batched_tokens=1024)
@@ -125,6 +127,17 @@ def test_killed_worker_is_an_error_not_a_hang(mode):
         llm.generate([[1, 2, 3], [4, 5, 6]], SamplingParams(max_tokens=64, ignore_eos=True))
     assert time.monotonic() - start < 10
     assert workers_gone(procs)
+
+
+def test_a_survivors_error_names_the_dead_peer_first():
+    """Kill one pipeline stage and the other may report first (its recv saw the connection drop):
+    the error must still name the dead worker as the cause."""
+    pool = object.__new__(worker_pool.WorkerPool)        # no processes: just the error path
+    pool.procs = [SimpleNamespace(is_alive=lambda: True, exitcode=None),
+                  SimpleNamespace(is_alive=lambda: False, exitcode=-9)]
+    pool._stop = lambda: None
+    with pytest.raises(RuntimeError, match=r"^worker 1 died \(exit code -9\); worker 0 failed:\nreset by peer"):
+        pool._worker_error(0, "reset by peer")
 
 
 @pytest.mark.timeout(60)
