@@ -15,9 +15,10 @@ PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]   # "p01"
 
 GPU_RUNS = [
-    ["--workload", "latency", "--presets", "smollm2-135m,llama-1b,llama-8b",
-     "--engines", f"{ENGINE},hf-generate,hf-static"],
-    ["--workload", "offline", "--scale", "small", "--presets", "smollm2-135m,llama-1b", "--engines", ENGINE],
+    # Random weights in the real shapes: nothing to carry to the GPU, the same work per token.
+    ["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b,llama-8b",
+     "--engines", f"{ENGINE},hf-generate,hf-generate-nocudnn,hf-static"],
+    ["--workload", "offline", "--scale", "small", "--presets", "smollm2-135m-random,llama-1b", "--engines", ENGINE],
 ]
 CPU_RUNS = [
     ["--workload", "latency", "--scale", "small", "--presets", "tiny-llama,smollm2-135m",

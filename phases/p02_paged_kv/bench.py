@@ -29,8 +29,8 @@ GPU_RUNS = [
     ["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b", "--engines", ENGINE],
     ["--workload", "offline", "--presets", "llama-1b", "--engines", BATCHED],
     ["--workload", "offline", "--scale", "small", "--presets", "llama-1b", "--engines", f"p01,{ENGINE}"],
-    ["--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b",
-     "--engines", f"{ALL},hf-generate"],
+    ["--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b,smollm2-135m-random",
+     "--engines", f"{ALL},hf-generate,hf-generate-nocudnn"],
 ]
 CPU_RUNS = [
     ["--workload", "latency", "--scale", "small", "--presets", "tiny-llama", "--engines", ENGINE],
