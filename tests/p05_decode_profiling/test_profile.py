@@ -145,3 +145,25 @@ def test_cli_profile_writes_summary_and_trace(capsys, tmp_path):
               "--out", str(tmp_path)])
     assert "[profile] tiny-llama batch 2 on cpu" in capsys.readouterr().out
     assert {p.name for p in tmp_path.iterdir()} == {"profile-cpu.json", "trace-cpu-b2.json.gz"}
+
+
+def test_lean_step_changes_launches_not_tokens(prompts_for):
+    """The two fixes (fused RMSNorm, additive key mask made once per step) are exact rewrites:
+    in fp32 the same tokens with lean_step on and off, and the mask they hand SDPA is additive."""
+    prompts = prompts_for("tiny-llama")[:3]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_k=20, max_tokens=9, seed=3, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)]
+    lean, plain = LLM("tiny-llama", **OPTIONS), LLM("tiny-llama", **OPTIONS, lean_step=False)
+    assert [o.token_ids for o in lean.generate(prompts, params)] == \
+           [o.token_ids for o in plain.generate(prompts, params)]
+    masks = {}
+    for name, llm in (("lean", lean), ("plain", plain)):
+        llm.add_request(prompts[0], params[0])
+        llm.step()                                          # prefill; the next step decodes
+        _, step = llm.runner.prepare_decode(llm.scheduler.running)
+        masks[name] = step.key_mask
+        while llm.has_unfinished():
+            llm.step()
+    assert masks["plain"].dtype == torch.bool and masks["lean"].dtype == torch.float32
+    assert torch.equal(masks["lean"] == 0, masks["plain"])
