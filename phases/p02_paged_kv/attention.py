@@ -14,8 +14,8 @@ from .kv_cache import KVCache
 from .layers import apply_rotary
 
 # The SDPA kernels attention may use: all but cuDNN's. cuDNN builds an execution plan for every
-# new shape, about 3 ms of host time per call (an H200 profile, llama-1b), and a decode step's key
-# length is new every step: each layer of each step would pay it. The others need no plan.
+# new shape, milliseconds of host time per call on an H200, and a decode step's key length is new
+# every step: each layer of each step would pay it. The others need no plan.
 BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
