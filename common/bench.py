@@ -166,6 +166,8 @@ def make_workloads(args) -> list[tuple[workloads.Workload, dict]]:
         return [(workloads.concurrency(c, args.scale), {"concurrency": c}) for c in args.concurrency]
     if args.workload == "latency":
         return [(workloads.latency(), {"batch": 1})]
+    if args.requests:   # a non-standard size is another measurement: it goes into the setting
+        return [(workloads.offline(args.scale, num_requests=args.requests), {"requests": args.requests})]
     return [(workloads.offline(args.scale), {})]
 
 
@@ -209,6 +211,8 @@ def parse_args(argv):
     p.add_argument("--presets", default="smollm2-135m", help="comma-separated presets or HF dirs")
     p.add_argument("--engines", required=True, help="comma-separated: p01, hf-generate, hf-static, ...")
     p.add_argument("--scale", choices=["full", "small"], default="full")
+    p.add_argument("--requests", type=int, default=None,
+                   help="offline workload: this many requests instead of the scale's (same distributions)")
     p.add_argument("--repeats", type=int, default=None, help="latency repeats (default by scale)")
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -224,6 +228,8 @@ def parse_args(argv):
     args.dtype = args.dtype or default_dtype(args.device)
     args.presets, args.engines = args.presets.split(","), args.engines.split(",")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.requests is not None and (args.requests < 1 or args.workload != "offline"):
+        p.error(f"--requests takes a positive count and the offline workload, got {args.requests}")
     if min(args.concurrency) < 1:
         p.error(f"--concurrency levels must be positive, got {args.concurrency}")
     return args

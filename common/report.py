@@ -267,7 +267,8 @@ def peer_for(records: list[dict], rec: dict, engine: str) -> dict | None:
 
 def ladder_device(records: list[dict], device: str) -> str | None:
     own = [r for r in select(records, device=device) if is_own(r.get("engine", ""), r.get("phase", ""))]
-    lat, off = select(own, workload="latency"), select(own, workload="offline")
+    lat = select(own, workload="latency")
+    off = [r for r in select(own, workload="offline") if "requests" not in (r.get("setting") or {})]  # standard size only
     conc = select(own, workload="concurrency")
     top_c = max((r.get("setting", {}).get("concurrency", 0) for r in conc), default=0)
     if not (lat or off or conc):

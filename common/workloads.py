@@ -50,11 +50,14 @@ def latency(prompt_len: int = 32, max_tokens: int = 256, seed: int = 0) -> Workl
     return Workload("latency", [(ids, _greedy(max_tokens))])
 
 
-def offline(scale: str = "full", lo: int = 100, hi: int = 1024, seed: int = 0) -> Workload:
-    """N requests, prompt and output lengths uniform in [lo, hi] (the nano-vllm benchmark)."""
+def offline(scale: str = "full", lo: int = 100, hi: int = 1024, seed: int = 0,
+            num_requests: int | None = None) -> Workload:
+    """N requests, prompt and output lengths uniform in [lo, hi] (the nano-vllm benchmark).
+    N is the scale's count unless num_requests is given; the first N requests of a larger set are
+    the smaller set, so runs of different sizes share their prefix."""
     rng = random.Random(seed)
     requests = []
-    for _ in range(OFFLINE_REQUESTS[scale]):
+    for _ in range(num_requests or OFFLINE_REQUESTS[scale]):
         prompt = [rng.randrange(PROMPT_ID_RANGE) for _ in range(rng.randint(lo, hi))]
         requests.append((prompt, _greedy(rng.randint(lo, hi))))
     return Workload("offline", requests)
