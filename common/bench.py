@@ -58,7 +58,9 @@ def latency_metrics(samples: list[dict]) -> dict:
 def offline_metrics(engine, work, device: str) -> tuple[dict, list[dict]]:
     """Throughput of the whole request set submitted at once."""
     engine.generate(work.prompts[:1], [workloads._greedy(8)])   # warm-up
-    if device.startswith("cuda"):
+    # An engine whose model lives in worker processes allocates nothing in this one.
+    track_memory = device.startswith("cuda") and not getattr(engine, "runs_in_workers", False)
+    if track_memory:
         torch.cuda.reset_peak_memory_stats()
     synchronize(device)
     start = time.perf_counter()
@@ -71,7 +73,7 @@ def offline_metrics(engine, work, device: str) -> tuple[dict, list[dict]]:
     metrics = {"output_tok_s": out_tokens / wall, "total_tok_s": (out_tokens + work.prompt_tokens) / wall,
                "requests_per_s": len(outs) / wall, "wall_s": wall, "num_requests": len(outs),
                "output_tokens": out_tokens, "prompt_tokens": work.prompt_tokens}
-    if device.startswith("cuda"):
+    if track_memory:
         metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     ttfts = sorted(o.ttft for o in outs)
     metrics["ttft_s_p50"] = ttfts[len(ttfts) // 2]

@@ -99,10 +99,11 @@ def prev_engine(phase: str) -> str | None:
 
 
 def _rank(rkey: tuple) -> tuple:
-    """Sort key for (preset, ...) tuples: presets.PRESETS order, unknown presets after; numbers
-    (concurrency levels) in numeric order."""
+    """Sort key for (preset, ...) tuples: presets.PRESETS order, unknown presets after; an unset
+    setting (the standard size) first, then numbers (concurrency levels) in numeric order."""
     known = list(PRESETS)
-    rest = tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for v in rkey)
+    rest = tuple((-1, 0, "") if v is None else (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+                 for v in rkey)
     return (known.index(rkey[0]) if rkey[0] in known else len(known), rest)
 
 
@@ -168,13 +169,20 @@ def concurrency(rec: dict) -> int | None:
     return (rec.get("setting") or {}).get("concurrency")
 
 
+# Settings that make rows, not columns: a non-standard offline size, a concurrency level.
+ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}"}
+
+
 def row_key(rec: dict, vary: list[str]) -> tuple:
-    """Records in one table row: same preset, same varying fields, same concurrency level."""
-    return (rec.get("preset"), *(rec.get(k) for k in vary), concurrency(rec))
+    """Records in one table row: same preset, same varying fields, same row settings."""
+    setting = rec.get("setting") or {}
+    return (rec.get("preset"), *(rec.get(k) for k in vary), *(setting.get(k) for k in ROW_SETTINGS))
 
 
 def row_label(rec: dict, vary: list[str]) -> str:
-    extra = [str(rec.get(k)) for k in vary] + ([f"c={concurrency(rec)}"] if concurrency(rec) else [])
+    setting = rec.get("setting") or {}
+    extra = [str(rec.get(k)) for k in vary] + [form.format(setting[k]) for k, form in ROW_SETTINGS.items()
+                                               if setting.get(k)]
     return f"{rec['preset']} ({', '.join(extra)})" if extra else rec["preset"]
 
 

@@ -37,6 +37,8 @@ class ParallelLLM:
     Only generate(): the step API lives inside the workers. Stop the workers with shutdown() or
     `with LLM(...) as llm:`; they are also stopped when this object is collected or at exit."""
 
+    runs_in_workers = True   # the model, its memory and its clocks are the workers' (for the bench)
+
     def __init__(self, model: str = "smollm2-135m", *, detokenize: bool = True, **options):
         self.config = EngineConfig(model=model, **options)     # validated before any process starts
         self.source = resolve(self.config.model, seed=self.config.seed)

@@ -174,3 +174,21 @@ def test_ladder_throughput_at_the_top_concurrency_and_no_empty_rows(tmp_path):
     assert rows(h200)[0].endswith("| offline output tok/s | output tok/s at c=64 |")
     assert rows(h200)[2].endswith("| 5,000 | 6,400 |")
     assert "p03_unwritten" not in h200
+
+
+def test_offline_sizes_are_rows_and_the_ladder_takes_the_standard_one(tmp_path):
+    """An offline run at another size (setting "requests") is a row of its own, after the standard
+    one; the ladder's offline column only takes standard-size runs."""
+    recs = []
+    for requests, scale in [(1024, 2.0), (None, 1.0)]:
+        for engine, tok_s in [("p03", 100.0), ("p04", 150.0 * scale)]:
+            rec = record("p04_par", engine, "llama-1b", "offline", output_tok_s=tok_s * scale, total_tok_s=1.0)
+            rec["setting"] = {"requests": requests} if requests else {}
+            recs.append(rec)
+    (tmp_path / "results/p04_par").mkdir(parents=True)
+    (tmp_path / "results/p04_par/offline-h200.json").write_text(json.dumps(recs))
+    records = report.load_records(tmp_path)
+    _, standard, large = rows(report.before_after(records, "p04_par", "NVIDIA H200", "offline"))
+    assert standard.startswith("| llama-1b | 100 | 150 |") and standard.endswith("| 1.50× |")
+    assert large.startswith("| llama-1b (1024 requests) | 200 | 600 |") and large.endswith("| 3.00× |")
+    assert "| 150 |" in report.ladder(records) and "600" not in report.ladder(records)
