@@ -62,14 +62,21 @@ def _valid(rec) -> bool:
             and re.fullmatch(r"p\d\d_\w+", rec["phase"]) is not None and isinstance(rec.get("metrics"), dict))
 
 
+# Settings that describe the workload, not the engine (the parallel mode is named on its own).
+NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "parallel", "world_size"}
+
+
 def engine_label(rec: dict) -> str:
-    """The engine, plus its parallel mode when it ran over several processes: "p04 replica"."""
-    mode = (rec.get("setting") or {}).get("parallel")
-    return rec["engine"] if mode in (None, "none") else f"{rec['engine']} {mode}"
+    """The engine, its parallel mode when it ran over several processes, and any other engine
+    option it ran with: "p04 replica", "p05 lean_step=0". Each label is a column of its own."""
+    setting = rec.get("setting") or {}
+    mode = setting.get("parallel")
+    options = "".join(f" {k}={v}" for k, v in setting.items() if k not in NOT_ENGINE_OPTIONS)
+    return rec["engine"] + ("" if mode in (None, "none") else f" {mode}") + options
 
 
 def is_own(engine: str, phase: str) -> bool:
-    """Is `engine` (a label) this phase's own engine, in any parallel mode?"""
+    """Is `engine` (a label) this phase's own engine, in any parallel mode or with any options?"""
     return engine.split()[0] == phase_engine(phase)
 
 

@@ -192,3 +192,15 @@ def test_offline_sizes_are_rows_and_the_ladder_takes_the_standard_one(tmp_path):
     assert standard.startswith("| llama-1b | 100 | 150 |") and standard.endswith("| 1.50× |")
     assert large.startswith("| llama-1b (1024 requests) | 200 | 600 |") and large.endswith("| 3.00× |")
     assert "| 150 |" in report.ladder(records) and "600" not in report.ladder(records)
+
+
+def test_engine_options_are_columns_of_their_own(tmp_path):
+    """p05 with lean_step=0 is its own bold column beside p05, not hidden by best-of."""
+    recs = [latency("p05_prof", "p04", "llama-1b", 100.0), latency("p05_prof", "p05", "llama-1b", 120.0)]
+    off = latency("p05_prof", "p05", "llama-1b", 101.0)
+    off["setting"] = {"batch": 1, "lean_step": 0}
+    (tmp_path / "results/p05_prof").mkdir(parents=True)
+    (tmp_path / "results/p05_prof/latency-h200.json").write_text(json.dumps(recs + [off]))
+    header, row = rows(report.before_after(report.load_records(tmp_path), "p05_prof", "NVIDIA H200", "latency"))
+    assert "**p05**" in header and "**p05 lean_step=0**" in header
+    assert "| 1.20× | 1.01× |" in row
