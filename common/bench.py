@@ -27,6 +27,9 @@ from .loader import resolve
 from .results import RESULTS, device_tag, provenance, write_records
 
 
+WARMUP_REQUESTS = 8     # at least one per replica (p04 runs 2)
+
+
 def latency_sample(engine, work, device: str) -> dict:
     """One batch-1 run: prefill time and steady decode tok/s from the per-token times."""
     synchronize(device)
@@ -57,7 +60,10 @@ def latency_metrics(samples: list[dict]) -> dict:
 
 def offline_metrics(engine, work, device: str) -> tuple[dict, list[dict]]:
     """Throughput of the whole request set submitted at once."""
-    engine.generate(work.prompts[:1], [workloads._greedy(8)])   # warm-up
+    # Warm-up: a few short requests, so that a router spreads them over every replica of a
+    # data-parallel engine (one request warms one replica, and the other's first prefill is slow).
+    warm = work.prompts[:WARMUP_REQUESTS]
+    engine.generate(warm, [workloads._greedy(8)] * len(warm))
     # An engine whose model lives in worker processes allocates nothing in this one.
     track_memory = device.startswith("cuda") and not getattr(engine, "runs_in_workers", False)
     if track_memory:

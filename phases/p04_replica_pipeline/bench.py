@@ -1,8 +1,9 @@
 """`make phase-NN bench`: this phase's standard benchmark set, through common.bench.
 
 On GPUs (2 needed): the previous engine on one GPU against this engine as 2 replicas and as a
-2-stage pipeline, offline and at fixed concurrency; batch-1 latency of the pipeline against one
-GPU. On a CPU: the same comparison at --scale small on tiny-llama, 2 gloo processes. Each
+2-stage pipeline, offline (the standard 256 requests, which one engine holds at once, and 1024,
+four times what one engine runs at once) and at fixed concurrency; batch-1 latency of the pipeline
+against one GPU. On a CPU: the same comparison at --scale small on tiny-llama, 2 gloo processes. Each
 parallel mode reaches the engine through --engine-options and is recorded in the setting.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ def compare(*run: str, modes=("replica", "pipeline")) -> list[list[str]]:
 
 GPU_RUNS = [
     *compare("--workload", "offline", "--presets", "llama-1b"),
+    *compare("--workload", "offline", "--requests", "1024", "--presets", "llama-1b"),
     *compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b"),
     *compare("--workload", "latency", "--presets", "llama-1b", modes=("pipeline",)),
 ]

@@ -113,3 +113,22 @@ def test_offline_requests_sets_the_size_and_the_setting(tmp_path):
     assert rec["setting"] == {"requests": 20} and rec["metrics"]["num_requests"] == 20
     with pytest.raises(SystemExit):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03", "--requests", "4")
+
+
+def test_offline_warm_up_reaches_every_replica():
+    """The warm-up sends several requests, and p04's router gives two of them to two replicas."""
+    from phases.p04_replica_pipeline.router import least_outstanding_tokens
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.calls.append(len(prompts))
+            return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.0, "itl": []})() for p in params]
+
+    work, engine = workloads.offline("small"), Recorder()
+    bench.offline_metrics(engine, work, "cpu")
+    assert engine.calls == [bench.WARMUP_REQUESTS, len(work.requests)]
+    costs = [len(p) + 8 for p in work.prompts[:bench.WARMUP_REQUESTS]]
+    assert all(least_outstanding_tokens(costs, 2))          # neither replica is left cold
