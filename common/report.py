@@ -172,10 +172,6 @@ def varying(records: list[dict], keys=("dtype", "scale")) -> list[str]:
     return [k for k in keys if len({r.get(k) for r in records}) > 1]
 
 
-def concurrency(rec: dict) -> int | None:
-    return (rec.get("setting") or {}).get("concurrency")
-
-
 # Settings that make rows, not columns: a non-standard offline size, a concurrency level.
 ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}"}
 
