@@ -3,6 +3,7 @@
 #   make run                    chat with the newest phase's engine on the real model (offline)
 #   make test                   the whole test suite
 #   make phase-01 run|bench|test   one phase: its CLI, its standard benchmark set, its tests
+#   make phase-03 bench PART=latency   one named part of that set (each fits one 10-minute GPU call)
 #   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea)
 #   make results                regenerate README tables from results/ and execute the notebooks
@@ -51,7 +52,7 @@ $(PHASE_GOAL): setup
 ifeq ($(ACTION),run)
 	$(PY) -m phases.$(PHASE) --chat $(ARGS)
 else ifeq ($(ACTION),bench)
-	$(PY) -m phases.$(PHASE).bench $(ARGS)
+	$(PY) -m phases.$(PHASE).bench $(if $(PART),--part $(PART)) $(ARGS)
 else ifeq ($(ACTION),test)
 	$(PY) -m pytest tests/$(PHASE) $(ARGS)
 else ifeq ($(ACTION),profile)
@@ -72,11 +73,13 @@ test: setup
 endif
 
 # --- make diff-NN: phase NN-1 vs phase NN, without results and READMEs ---------------------
+# -N shows an added or deleted file in full, so the lines a reader sees are the lines the
+# lineage test counts (tests/test_lineage.py).
 diff-%:
 	@n=$$((10#$*)); prev=$$(printf 'p%02d_' $$((n - 1))); cur=$$(printf 'p%02d_' $$n); \
 	a=$$(ls -d phases/$${prev}* 2>/dev/null); b=$$(ls -d phases/$${cur}* 2>/dev/null); \
 	test -n "$$a" -a -n "$$b" || { echo "need phases $${prev}* and $${cur}*"; exit 2; }; \
-	diff -ru -x README.md -x CHANGES -x __pycache__ $$a $$b; true
+	diff -ruN -x README.md -x CHANGES -x __pycache__ $$a $$b; true
 
 results: setup
 	$(PY) -m common.report

@@ -12,7 +12,9 @@ from .sampling import SamplingParams
 
 # Requests per scale for the offline workload; "small" keeps the distributions.
 OFFLINE_REQUESTS = {"full": 256, "small": 16}
-LATENCY_REPEATS = {"full": 5, "small": 2}
+# Repeats per workload and scale: each repeat runs every engine of a comparison once, in turn.
+REPEATS = {"latency": {"full": 5, "small": 2}, "concurrency": {"full": 3, "small": 2},
+           "offline": {"full": 3, "small": 2}}
 CONCURRENCY_LENS = {"full": (512, 256), "small": (64, 32)}   # (prompt, output) tokens per request
 PROMPT_ID_RANGE = 10_000   # ids drawn from [0, 10000), valid for every preset's vocab
 
@@ -39,7 +41,7 @@ class Workload:
         return sum(len(ids) for ids in self.prompts)
 
 
-def _greedy(max_tokens: int) -> SamplingParams:
+def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
@@ -47,7 +49,7 @@ def latency(prompt_len: int = 32, max_tokens: int = 256, seed: int = 0) -> Workl
     """Batch 1: one 32-token prompt, 256 new tokens."""
     rng = random.Random(seed)
     ids = [rng.randrange(PROMPT_ID_RANGE) for _ in range(prompt_len)]
-    return Workload("latency", [(ids, _greedy(max_tokens))])
+    return Workload("latency", [(ids, greedy(max_tokens))])
 
 
 def offline(scale: str = "full", lo: int = 100, hi: int = 1024, seed: int = 0,
@@ -59,7 +61,7 @@ def offline(scale: str = "full", lo: int = 100, hi: int = 1024, seed: int = 0,
     requests = []
     for _ in range(num_requests or OFFLINE_REQUESTS[scale]):
         prompt = [rng.randrange(PROMPT_ID_RANGE) for _ in range(rng.randint(lo, hi))]
-        requests.append((prompt, _greedy(rng.randint(lo, hi))))
+        requests.append((prompt, greedy(rng.randint(lo, hi))))
     return Workload("offline", requests)
 
 
@@ -69,4 +71,4 @@ def concurrency(c: int, scale: str = "full", seed: int = 0) -> Workload:
     prompt_len, max_tokens = CONCURRENCY_LENS[scale]
     rng = random.Random(seed)
     return Workload("concurrency", [([rng.randrange(PROMPT_ID_RANGE) for _ in range(prompt_len)],
-                                     _greedy(max_tokens)) for _ in range(c)])
+                                     greedy(max_tokens)) for _ in range(c)])

@@ -1,36 +1,38 @@
-"""`make phase-NN bench`: this phase's standard benchmark set, through common.bench.
+"""`make phase-NN bench [PART=name]`: this phase's standard benchmark set, in named parts.
 
-On a GPU: the workloads and presets this phase's claim needs. On a CPU: the same workloads at
---scale small on small presets, so the command always works and always writes a file.
+Each part is one or more comparisons run by common.bench: the engines of a comparison are
+measured in one process, interleaved and repeated. On a GPU each part fits one 10-minute call;
+on a CPU the same comparisons run at --scale small on small presets (common.bench_set).
+
+The serial engine against HF `generate` (eager, and with its static cache compiled), per token at
+batch 1, and over a small offline set (a serial engine takes minutes per full set).
 """
 from __future__ import annotations
 
 import sys
 
-import torch
-
-from common import bench
+from common.bench_set import run_parts
 
 PHASE = __package__.split(".")[-1]
-ENGINE = PHASE[:3]   # "p01"
+ENGINE = PHASE[:3]                                          # "p01"
+PEERS = f"{ENGINE},hf-generate,hf-static"
 
-GPU_RUNS = [
-    # Random weights in the real shapes: nothing to carry to the GPU, the same work per token.
-    ["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b,llama-8b",
-     "--engines", f"{ENGINE},hf-generate,hf-generate-nocudnn,hf-static"],
-    ["--workload", "offline", "--scale", "small", "--presets", "smollm2-135m-random,llama-1b", "--engines", ENGINE],
-]
-CPU_RUNS = [
-    ["--workload", "latency", "--scale", "small", "--presets", "tiny-llama,smollm2-135m",
-     "--engines", f"{ENGINE},hf-generate"],
-    ["--workload", "offline", "--scale", "small", "--presets", "tiny-llama", "--engines", ENGINE],
-]
+# Random weights in the real shapes: nothing to carry to the GPU, the same work per token.
+GPU_PARTS = {
+    "latency": [["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b,llama-8b", "--engines", PEERS]],
+    "offline": [["--workload", "offline", "--scale", "small", "--repeats", "2", "--presets", "llama-1b",
+                 "--engines", f"{ENGINE},hf-generate"]],
+}
+CPU_PARTS = {
+    "latency": [["--workload", "latency", "--scale", "small", "--presets", "tiny-llama,smollm2-135m",
+                 "--engines", f"{ENGINE},hf-generate"]],
+    "offline": [["--workload", "offline", "--scale", "small", "--presets", "tiny-llama",
+                 "--engines", f"{ENGINE},hf-generate"]],
+}
 
 
 def main(argv: list[str]) -> None:
-    runs = GPU_RUNS if torch.cuda.is_available() else CPU_RUNS
-    for run in runs:
-        bench.main(["--phase", PHASE, *run, *argv])
+    run_parts(PHASE, GPU_PARTS, CPU_PARTS, argv)
 
 
 if __name__ == "__main__":

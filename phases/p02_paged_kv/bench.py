@@ -1,19 +1,22 @@
-"""`make phase-NN bench`: this phase's standard benchmark set, through common.bench.
+"""`make phase-NN bench [PART=name]`: this phase's standard benchmark set, in named parts.
 
-On a GPU: the workloads and presets this phase's claim needs. On a CPU: the same workloads at
---scale small on small presets, so the command always works and always writes a file.
-Besides common's workloads, "gather" measures the KV gather's share of a decode step.
+Each part is one or more comparisons run by common.bench: the engines of a comparison are
+measured in one process, interleaved and repeated. On a GPU each part fits one 10-minute call;
+on a CPU the same comparisons run at --scale small on small presets (common.bench_set).
+
+Batching pays with requests in flight: the previous engine beside this one and HF `generate`
+(as shipped, and with cuDNN's attention ruled out) at fixed concurrency and offline; batch-1
+latency beside HF's compiled static cache. Besides common's workloads, the "gather" part measures
+the KV gather's share of a decode step.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
-import torch
-
-from common import bench, workloads
+from common import workloads
+from common.bench_set import run_parts
 from common.device import default_device, default_dtype, device_name, synchronize
 from common.engines import make_engine
 from common.results import RESULTS, device_tag, provenance, write_records
@@ -21,23 +24,46 @@ from common.sampling import SamplingParams
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p02"
-UP_TO_HERE = [f"p{n:02d}" for n in range(1, int(ENGINE[1:]) + 1)]
-BATCHED = ",".join(UP_TO_HERE[1:])                          # every engine since batching began
-ALL = ",".join(UP_TO_HERE)
+PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"
+HF = "hf-generate,hf-generate-nocudnn"
 
-GPU_RUNS = [
-    ["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b", "--engines", ENGINE],
-    ["--workload", "offline", "--presets", "llama-1b", "--engines", BATCHED],
-    ["--workload", "offline", "--scale", "small", "--presets", "llama-1b", "--engines", f"p01,{ENGINE}"],
-    ["--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b,smollm2-135m-random",
-     "--engines", f"{ALL},hf-generate,hf-generate-nocudnn"],
-]
-CPU_RUNS = [
-    ["--workload", "latency", "--scale", "small", "--presets", "tiny-llama", "--engines", ENGINE],
-    ["--workload", "offline", "--scale", "small", "--presets", "tiny-llama", "--engines", f"p01,{ENGINE}"],
-    ["--workload", "concurrency", "--scale", "small", "--concurrency", "1,8,32", "--presets", "tiny-llama",
-     "--engines", f"{ALL},hf-generate"],
-]
+
+def latency(presets: str, scale: tuple = ()) -> list[list[str]]:
+    return [["--workload", "latency", *scale, "--presets", presets, "--engines", f"{PREVIOUS},{ENGINE},hf-static"]]
+
+
+def concurrency(preset: str, levels: str, scale: tuple = ()) -> list[list[str]]:
+    return [["--workload", "concurrency", *scale, "--concurrency", levels, "--presets", preset,
+             "--engines", f"{PREVIOUS},{ENGINE},{HF}"]]
+
+
+def offline(preset: str, scale: tuple = ()) -> list[list[str]]:
+    return [["--workload", "offline", *scale, "--presets", preset, "--engines", f"{PREVIOUS},{ENGINE}"]]
+
+
+# A serial previous engine (p01) takes minutes per level at 32 and 64 requests and per full
+# offline set: p02's parts run it at 1 and 8 in flight and on the small offline set.
+SERIAL_BEFORE = PREVIOUS == "p01"
+GPU_PARTS = {
+    "latency": latency("smollm2-135m-random,llama-1b,llama-8b"),
+    "concurrency": concurrency("llama-1b", "1,8" if SERIAL_BEFORE else "1,8,32,64"),
+    "concurrency-8b": concurrency("llama-8b", "1,8" if SERIAL_BEFORE else "1,8,32,64"),
+    "offline": offline("llama-1b", ("--scale", "small") if SERIAL_BEFORE else ()),
+}
+if SERIAL_BEFORE:   # this engine alone against HF at the levels the serial engine cannot reach
+    GPU_PARTS["concurrency-high"] = [["--workload", "concurrency", "--concurrency", "32,64", "--presets",
+                                      "llama-1b", "--engines", f"{ENGINE},{HF}"]]
+SMALL = ("--scale", "small")
+CPU_PARTS = {
+    "latency": [["--workload", "latency", *SMALL, "--presets", "tiny-llama",
+                 "--engines", f"{PREVIOUS},{ENGINE},hf-generate"]],
+    "concurrency": [["--workload", "concurrency", *SMALL, "--concurrency", "1,8,32", "--presets", "tiny-llama",
+                     "--engines", f"{PREVIOUS},{ENGINE},hf-generate"]],
+    "offline": offline("tiny-llama", SMALL),
+}
+
+
+# --- the gather part: the KV gather's share of one decode step ----------------------------------
 GATHER = {"cuda": ("llama-1b", (1, 8, 32, 64), "full"), "cpu": ("tiny-llama", (1, 8, 32), "small")}
 STEPS = 20                                                  # decode steps timed per level
 
@@ -71,35 +97,28 @@ def gather_level(llm, c: int, scale: str) -> dict:
                         "context_tokens": max(ctx.context_lens)}}
 
 
-def gather_share(device: str, dtype: str) -> None:
+def gather_share(argv: list[str], make_command: str) -> None:
+    device = argv[argv.index("--device") + 1] if "--device" in argv else default_device()
+    dtype = default_dtype(device)
     preset, levels, scale = GATHER["cuda" if device.startswith("cuda") else "cpu"]
     llm = make_engine(ENGINE, preset, device, dtype)
     name = device_name(device)
     out = RESULTS / PHASE / f"gather-{device_tag(name)}.json"
     for c in levels:
         rec = {"phase": PHASE, "engine": ENGINE, "workload": "gather", "preset": preset, "dtype": dtype,
-               "scale": scale, "device": name, **gather_level(llm, c, scale), "provenance": provenance(name)}
+               "scale": scale, "device": name, "part": "gather", **gather_level(llm, c, scale),
+               "provenance": provenance(name) | {"make_command": make_command}}
         m = rec["metrics"]
         print(f"[bench] {ENGINE} gather C={c:<3} {preset} {dtype} {name}: step {m['step_ms']:.2f} ms, "
               f"gathers {m['gather_ms']:.2f} ms ({100 * m['gather_share']:.0f}%)", flush=True)
         write_records(out, [rec])
 
 
+GPU_PARTS["gather"] = CPU_PARTS["gather"] = gather_share
+
+
 def main(argv: list[str]) -> None:
-    runs = GPU_RUNS if torch.cuda.is_available() else CPU_RUNS
-    for run in runs:
-        bench.main(["--phase", PHASE, *run, *argv])
-    gather_share(*device_and_dtype(argv))
-
-
-def device_and_dtype(argv: list[str]) -> tuple[str, str]:
-    """--device and --dtype among the extra arguments, with common.bench's defaults."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--device")
-    p.add_argument("--dtype")
-    args, _ = p.parse_known_args(argv)
-    device = args.device or default_device()
-    return device, args.dtype or default_dtype(device)
+    run_parts(PHASE, GPU_PARTS, CPU_PARTS, argv)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ class EngineConfig:
     block_size: int = 16             # tokens per KV block
     gpu_memory_utilization: float = 0.9  # share of the GPU memory free after loading for the KV pool
     cpu_kv_cache_bytes: int = 512 << 20  # KV pool size on CPU (no free-memory query there)
+    kv_cache_bytes: int | None = None  # KV pool size on any device, overriding both of the above
+                                     # (a benchmark sizes it for its workload to share the GPU)
     max_num_seqs: int = 256          # sequences running at once
     max_num_batched_tokens: int = 16384  # tokens in one forward step (a prompt must fit whole)
 
@@ -28,6 +30,8 @@ class EngineConfig:
         for name in ("block_size", "cpu_kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.kv_cache_bytes is not None and (not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes <= 0):
+            raise ValueError(f"kv_cache_bytes must be a positive integer or None, got {self.kv_cache_bytes!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_batched_tokens < self.max_num_seqs:

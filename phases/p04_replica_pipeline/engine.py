@@ -61,7 +61,7 @@ class LLM:
 
     def _build_cache(self) -> KVCache:
         c = self.config
-        budget = memory_budget(self.device, c.gpu_memory_utilization, c.cpu_kv_cache_bytes)
+        budget = c.kv_cache_bytes or memory_budget(self.device, c.gpu_memory_utilization, c.cpu_kv_cache_bytes)
         most = c.max_num_seqs * -(-self.max_model_len // c.block_size)   # more could never be filled
         num_blocks = num_blocks_for(self.model_config, self.dtype, c.block_size, budget, most)
         return KVCache(self.model_config, num_blocks, c.block_size, self.device, self.dtype)

@@ -139,7 +139,7 @@ class Stage(LLM):
         addresses both pools."""
         c, cfg = self.config, self.model_config
         stage_cfg = dataclasses.replace(cfg, num_layers=len(stage_layers(cfg.num_layers, self.rank)))
-        budget = memory_budget(self.device, c.gpu_memory_utilization, c.cpu_kv_cache_bytes)
+        budget = c.kv_cache_bytes or memory_budget(self.device, c.gpu_memory_utilization, c.cpu_kv_cache_bytes)
         most = c.max_num_seqs * -(-self.max_model_len // c.block_size)
         mine = num_blocks_for(stage_cfg, self.dtype, c.block_size, budget, most)
         agreed = torch.tensor([mine], device=self.device)

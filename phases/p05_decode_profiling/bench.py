@@ -1,38 +1,47 @@
-"""`make phase-NN bench`: this phase's standard benchmark set, through common.bench.
+"""`make phase-NN bench [PART=name]`: this phase's standard benchmark set, in named parts.
+
+Each part is one comparison run by common.bench: the engines are measured in one process,
+interleaved and repeated. On a GPU each part fits one 10-minute call; on a CPU the same
+comparisons run at --scale small on tiny-llama (common.bench_set).
 
 The profile is this phase's product (`make phase-NN profile`); the benchmark measures what came
 of it: the previous engine on one device against this one (the lean step: fused RMSNorm, key mask
 made once per step), and this one with lean_step=0, whose difference from the previous engine is
-the price of the stage ranges while no profiler records (nothing, if they are right). At batch 1
-and at fixed concurrency; on a CPU the same at --scale small on tiny-llama.
+the price of the stage ranges while no profiler records (nothing, if they are right).
 """
 from __future__ import annotations
 
 import sys
 
-import torch
-
-from common import bench
+from common.bench_set import run_parts
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p05"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p04", on one device: no ranges at all
-ENGINES = ("--engines", f"{PREVIOUS},{ENGINE}")
+ENGINES = f"{PREVIOUS},{ENGINE},{ENGINE} lean_step=0"
 
-GPU_RUNS = [
-    ["--workload", "latency", "--presets", "llama-1b", *ENGINES],
-    ["--workload", "concurrency", "--concurrency", "1,64", "--presets", "llama-1b", *ENGINES],
-]
-CPU_RUNS = [
-    ["--workload", "latency", "--scale", "small", "--presets", "tiny-llama", *ENGINES],
-    ["--workload", "concurrency", "--concurrency", "1,8", "--scale", "small", "--presets", "tiny-llama", *ENGINES],
-]
+
+def compare(*run: str, engines: str = ENGINES) -> list[list[str]]:
+    return [[*run, "--engines", engines]]
+
+
+GPU_PARTS = {
+    "latency": compare("--workload", "latency", "--presets", "smollm2-135m-random,llama-1b,llama-8b",
+                       engines=f"{ENGINES},hf-static"),
+    "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b",
+                           engines=f"{ENGINES},hf-generate"),
+    "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-8b",
+                              engines=f"{ENGINES},hf-generate"),
+}
+SMALL = ("--scale", "small", "--presets", "tiny-llama")
+CPU_PARTS = {
+    "latency": compare("--workload", "latency", *SMALL),
+    "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8", *SMALL),
+}
 
 
 def main(argv: list[str]) -> None:
-    for run in GPU_RUNS if torch.cuda.is_available() else CPU_RUNS:
-        bench.main(["--phase", PHASE, *run, *argv])
-        bench.main(["--phase", PHASE, *run[:-1], ENGINE, "--engine-options", "lean_step=0", *argv])
+    run_parts(PHASE, GPU_PARTS, CPU_PARTS, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""One sample: one engine, one workload, once. The harness (bench.py) repeats and interleaves these.
+
+Also what an engine needs to share the device with the others of a comparison: a KV budget sized
+for the workload (no more than it can fill), and the memory its run takes.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import workloads
+from .device import synchronize
+from .loader import resolve
+
+MAX_IN_FLIGHT = 256          # the engines' default max_num_seqs: more requests than this queue
+WARMUP_REQUESTS = 8          # at least one per replica of a data-parallel engine (p04 runs 2)
+
+
+def latency_sample(engine, work, device: str) -> dict:
+    """One batch-1 run: prefill time and steady decode tok/s from the per-token times."""
+    synchronize(device)
+    out = engine.generate(work.prompts, work.params)[0]
+    t = out.token_times
+    decode = (len(t) - 1) / (t[-1] - t[0])
+    return {"decode_tok_s": decode, "ms_per_token": 1e3 / decode,
+            "prefill_ms": 1e3 * (t[0] - out.arrival_time), "num_tokens": len(out.token_ids)}
+
+
+def throughput_sample(engine, work, device: str) -> dict:
+    """Every request of the workload submitted at once: tokens per second of the whole set."""
+    before = memory_allocated(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    synchronize(device)
+    start = time.perf_counter()
+    outs = engine.generate(work.prompts, work.params)
+    synchronize(device)
+    wall = time.perf_counter() - start
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    if out_tokens != work.output_tokens:
+        raise RuntimeError(f"engine produced {out_tokens} tokens, workload asked for {work.output_tokens}")
+    sample = {"output_tok_s": out_tokens / wall, "total_tok_s": (out_tokens + work.prompt_tokens) / wall,
+              "requests_per_s": len(outs) / wall, "wall_s": wall,
+              "ttft_s_p50": sorted(o.ttft for o in outs)[len(outs) // 2]}
+    itls = sorted(x for o in outs for x in o.itl)
+    if itls:   # with every request in flight, one inter-token latency is one decode step
+        sample["itl_ms_p50"] = 1e3 * itls[len(itls) // 2]
+    if device.startswith("cuda"):   # what this run added on top of what was resident before it
+        sample["run_peak_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+    return sample
+
+
+def warm_up(engine, work) -> None:
+    """Compile, allocate and plan before the clock runs: a full run for batch 1 (a compiled
+    engine compiles for its shapes), a few short requests otherwise (so that a router spreads
+    them over every replica: one request warms one replica, and the other's first prefill is slow)."""
+    if work.name == "latency":
+        engine.generate(work.prompts, work.params)
+        return
+    warm = work.prompts[:WARMUP_REQUESTS]
+    engine.generate(warm, [workloads.greedy(8)] * len(warm))
+
+
+def kv_budget_bytes(preset: str, dtype: torch.dtype, works: list, block_size: int = 16) -> int:
+    """Bytes of KV cache the largest of `works` can fill: every request it holds at once
+    (the MAX_IN_FLIGHT longest), each rounded up to whole blocks, plus one block each of slack."""
+    per_token = resolve(preset).config.kv_bytes_per_token(dtype)
+    most = 0
+    for work in works:
+        blocks = sorted((-(-(len(ids) + p.max_tokens) // block_size) + 1 for ids, p in work.requests), reverse=True)
+        most = max(most, sum(blocks[:MAX_IN_FLIGHT]) * block_size)
+    return most * per_token
+
+
+def memory_allocated(device: str) -> int:
+    return torch.cuda.memory_allocated() if device.startswith("cuda") else 0
