@@ -19,7 +19,8 @@ PEERS = f"{ENGINE},hf-generate,hf-static"
 
 # Random weights in the real shapes: nothing to carry to the GPU, the same work per token.
 GPU_PARTS = {
-    "latency": [["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b,llama-8b", "--engines", PEERS]],
+    "latency": [["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b", "--engines", PEERS]],
+    "latency-8b": [["--workload", "latency", "--presets", "llama-8b", "--engines", PEERS]],
     "offline": [["--workload", "offline", "--scale", "small", "--repeats", "2", "--presets", "llama-1b",
                  "--engines", f"{ENGINE},hf-generate"]],
 }

@@ -45,7 +45,8 @@ def offline(preset: str, scale: tuple = ()) -> list[list[str]]:
 # offline set: p02's parts run it at 1 and 8 in flight and on the small offline set.
 SERIAL_BEFORE = PREVIOUS == "p01"
 GPU_PARTS = {
-    "latency": latency("smollm2-135m-random,llama-1b,llama-8b"),
+    "latency": latency("smollm2-135m-random,llama-1b"),
+    "latency-8b": latency("llama-8b"),
     "concurrency": concurrency("llama-1b", "1,8" if SERIAL_BEFORE else "1,8,32,64"),
     "concurrency-8b": concurrency("llama-8b", "1,8" if SERIAL_BEFORE else "1,8,32,64"),
     "offline": offline("llama-1b", ("--scale", "small") if SERIAL_BEFORE else ()),

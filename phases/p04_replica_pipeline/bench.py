@@ -31,8 +31,10 @@ GPU_PARTS = {
     "offline": compare("--workload", "offline", "--presets", "llama-1b"),
     "offline-1024": compare("--workload", "offline", "--requests", "1024", "--repeats", "2", "--presets", "llama-1b"),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b"),
-    "latency": compare("--workload", "latency", "--presets", "llama-1b,llama-8b",
+    "latency": compare("--workload", "latency", "--presets", "llama-1b",
                        engines=f"{PREVIOUS},{MODES['pipeline']},hf-static"),
+    "latency-8b": compare("--workload", "latency", "--presets", "llama-8b",
+                          engines=f"{PREVIOUS},{MODES['pipeline']},hf-static"),
 }
 SMALL = ("--scale", "small", "--presets", "tiny-llama")
 CPU_PARTS = {

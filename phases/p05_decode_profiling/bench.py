@@ -26,8 +26,9 @@ def compare(*run: str, engines: str = ENGINES) -> list[list[str]]:
 
 
 GPU_PARTS = {
-    "latency": compare("--workload", "latency", "--presets", "smollm2-135m-random,llama-1b,llama-8b",
+    "latency": compare("--workload", "latency", "--presets", "smollm2-135m-random,llama-1b",
                        engines=f"{ENGINES},hf-static"),
+    "latency-8b": compare("--workload", "latency", "--presets", "llama-8b", engines=f"{ENGINES},hf-static"),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b",
                            engines=f"{ENGINES},hf-generate"),
     "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-8b",
