@@ -1,6 +1,8 @@
 """Device and dtype choices shared by every CLI."""
 from __future__ import annotations
 
+import re
+
 import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32,
@@ -31,6 +33,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_device(device: str) -> str:
+    """cpu, cuda or cuda:N; anything else ("gpu", "mps", a typo) is refused by name."""
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:N'")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but no CUDA GPU is available; use --device cpu")
     return device

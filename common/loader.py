@@ -11,7 +11,7 @@ from . import smollm2
 from .model_config import ModelConfig
 from .presets import PRESETS, SMOLLM2, describe_presets
 from .tokenizer import Tokenizer
-from .weights import load_safetensors, random_weights
+from .weights import first_line, load_safetensors, param_shapes, random_weights
 
 
 @dataclass
@@ -25,7 +25,11 @@ class ModelSource:
 
     @cached_property
     def config(self) -> ModelConfig:
-        return ModelConfig.from_hf(self.hf_config)
+        try:
+            return ModelConfig.from_hf(self.hf_config)
+        except (AttributeError, TypeError, ValueError) as e:   # a field missing, mistyped, unsupported
+            where = self.hf_dir / "config.json" if self.hf_dir else self.name
+            raise ValueError(f"{where}: not a usable model config ({first_line(e)})") from None
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -40,7 +44,7 @@ class ModelSource:
     def load_weights(self, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """Weights under our names (see common.weights), on device, in dtype."""
         if self.hf_dir is not None:
-            return load_safetensors(self.hf_dir, device, dtype)
+            return load_safetensors(self.hf_dir, device, dtype, param_shapes(self.config))
         return random_weights(self.config, self.seed, device, dtype)
 
 
@@ -58,6 +62,17 @@ def resolve(name_or_path: str, seed: int = 0) -> ModelSource:
         return ModelSource(preset.name, "random", hf_config, None, seed)
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").exists():
-        return ModelSource(str(path), "dir", AutoConfig.from_pretrained(str(path)), path)
+        return ModelSource(str(path), "dir", read_hf_config(path), path)
     raise ValueError(f"unknown model {name_or_path!r}: not a preset and not a local HF directory "
                      f"with config.json.\nPresets:\n{describe_presets()}")
+
+
+def read_hf_config(folder: Path):
+    """config.json of a local HF directory; garbage (bad JSON, an unknown model_type) is one
+    clear error naming the file instead of a transformers traceback."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(folder))
+    except (OSError, ValueError, KeyError, TypeError) as e:   # JSONDecodeError is a ValueError
+        raise ValueError(f"{folder / 'config.json'}: not a valid model config ({first_line(e)})") from None

@@ -26,6 +26,18 @@ class ModelConfig:
     qkv_bias: bool                      # Qwen2 has biases on q/k/v projections
     rope_scaling: dict | None = None    # None or Llama-3 style {"rope_type": "llama3", ...}
 
+    def __post_init__(self):
+        """Sizes are positive ints and the heads group evenly: a config that breaks these would
+        otherwise fail deep inside a forward pass, far from the file that caused it."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_kv_heads})")
+
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
         """Build from a transformers PretrainedConfig (Llama or Qwen2 family)."""

@@ -1,7 +1,15 @@
 """SamplingParams: the per-request decoding knobs, validated at construction."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# The sampler divides fp32 logits by the temperature; below this, logits / temperature overflows
+# to inf for ordinary logits (at 1e-38 a logit of 4 already does) and softmax turns inf into NaN.
+# At 1e-5 a logit would need to pass 3e33 to overflow, and sampling is already greedy in all but
+# name: a logit gap of 0.001 gives odds of e^100 (vLLM treats temperatures below 1e-5 as greedy).
+MIN_TEMPERATURE = 1e-5
+SEED_LIMIT = 2**64      # torch.Generator.manual_seed takes a seed in [0, 2**64) (an unsigned 64-bit)
 
 
 @dataclass
@@ -24,25 +32,43 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        if self.top_k == -1:
+        if self.stop is None:
+            self.stop = []
+        if not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        self.stop = list(self.stop)
+        if is_int(self.top_k) and self.top_k == -1:
             self.top_k = 0
         self._validate()
 
     def _validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
+        """Types first, then ranges: every value is checked here so none can fail mid-run."""
+        if not is_int(self.max_tokens) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_real(self.temperature) or not (self.temperature == 0.0 or
+                                                  MIN_TEMPERATURE <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, "
+                             f"got {self.temperature!r}")
+        if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be a non-negative integer (0 or -1 disables it), got {self.top_k!r}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
+            raise ValueError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)     # True is an int to Python, not to us
+
+
+def _is_real(x) -> bool:
+    """An int or float that is not NaN (NaN passes no range check, so it is refused here too)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x

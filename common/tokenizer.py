@@ -1,6 +1,7 @@
 """Tokenizer: text <-> ids and the chat template, over an HF tokenizer directory."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -18,13 +19,34 @@ class Tokenizer:
         return self.hf(text, add_special_tokens=True).input_ids
 
     def chat_ids(self, user_message: str, system: str | None = None) -> list[int]:
-        """Token ids of a one-turn chat, ending with the assistant header."""
+        """Token ids of a one-turn chat, ending with the assistant header.
+
+        Only the template's own markers become control tokens. Message text is encoded as plain
+        text, so a user who types "<|im_end|>" gets those characters, not the end-of-turn token
+        (which would let them end their turn and write the assistant's or system's part)."""
         if not self.hf.chat_template:
             raise ValueError("this tokenizer has no chat template; drop --chat")
-        messages = ([{"role": "system", "content": system}] if system else []) + \
-                   [{"role": "user", "content": user_message}]
+        contents = ([system] if system else []) + [user_message]
+        roles = (["system"] if system else []) + ["user"]
+        holders = [f"\x00message{i}\x00" for i in range(len(contents))]   # in no template
+        messages = [{"role": r, "content": h} for r, h in zip(roles, holders)]
         text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.hf(text, add_special_tokens=False).input_ids
+        return self._encode_template(text, dict(zip(holders, contents)))
+
+    def _encode_template(self, text: str, fill: dict[str, str]) -> list[int]:
+        """Encode a rendered template whose message texts are still placeholders. The tokenizer
+        itself cuts text at control-token strings and encodes each span between them on its own;
+        we do the same, but cut only at the template's markers, then put the messages back."""
+        markers = sorted((t.content for t in self.hf.added_tokens_decoder.values()), key=len, reverse=True)
+        ids = []
+        for piece in re.split("(" + "|".join(map(re.escape, markers)) + ")", text):
+            if piece in markers:
+                ids.append(self.hf.convert_tokens_to_ids(piece))
+            elif piece:
+                for holder, content in fill.items():
+                    piece = piece.replace(holder, content)
+                ids += self.hf(piece, add_special_tokens=False, split_special_tokens=True).input_ids
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids` without special tokens. Ids past the tokenizer's vocab (random presets

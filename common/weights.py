@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from .model_config import ModelConfig
 
@@ -52,19 +52,61 @@ def ours_to_hf(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {_rename(k, OURS_TO_HF): v for k, v in weights.items()}
 
 
-def load_safetensors(folder: Path, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """All *.safetensors in `folder`, renamed to our names, cast to dtype on device."""
+def load_safetensors(folder: Path, device: str, dtype: torch.dtype,
+                     shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """All *.safetensors in `folder`, renamed to our names, cast to dtype on device.
+
+    `shapes` (param_shapes of the model) is checked before a byte is copied: every tensor must be
+    one the model has, with exactly its shape, and none may be missing. The model copies weights
+    in with Tensor.copy_, which broadcasts: without this check a 1-element norm weight or a
+    one-row lm_head would load without a word and generate garbage. Every error names the file
+    and the tensor (by the name the file uses)."""
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+        raise ValueError(f"{folder}: no *.safetensors files in this model directory")
     weights = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for hf_name in f.keys():
-                ours = hf_to_ours(hf_name)
-                if ours is not None:
-                    weights[ours] = f.get_tensor(hf_name).to(device=device, dtype=dtype)
+        weights |= _read_file(file, device, dtype, shapes)
+    missing = [hf_name_of(name) for name in shapes if name not in weights]
+    if missing:
+        raise ValueError(f"{folder}: the checkpoint lacks {len(missing)} tensor(s) the model needs, "
+                         f"e.g. {missing[0]!r}")
     return weights
+
+
+def _read_file(file: Path, device: str, dtype: torch.dtype, shapes: dict) -> dict[str, torch.Tensor]:
+    """One safetensors file; a truncated or garbled file is one clear error naming it."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            names = [(hf, hf_to_ours(hf)) for hf in f.keys()]
+            for hf_name, ours in names:
+                if ours is not None:
+                    _check_shape(file, hf_name, ours, tuple(f.get_slice(hf_name).get_shape()), shapes)
+            return {ours: f.get_tensor(hf).to(device=device, dtype=dtype) for hf, ours in names
+                    if ours in shapes}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({first_line(e)})") from None
+
+
+def _check_shape(file: Path, hf_name: str, ours: str, shape: tuple, shapes: dict) -> None:
+    if ours not in shapes:
+        if ours == "lm_head.weight":     # a tied model's copy of the embedding: not used
+            return
+        raise ValueError(f"{file}: tensor {hf_name!r} is not part of this model (check config.json: "
+                         f"e.g. attention_bias, num_hidden_layers)")
+    if shape != shapes[ours]:
+        raise ValueError(f"{file}: tensor {hf_name!r} has shape {list(shape)}, the model needs "
+                         f"{list(shapes[ours])} (from config.json)")
+
+
+def first_line(e: Exception) -> str:
+    """The first line of an error's message: enough to say what was wrong, in one line."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def hf_name_of(name: str) -> str:
+    """The name a checkpoint file uses for our parameter `name`."""
+    return _rename(name, OURS_TO_HF)
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -43,7 +43,7 @@ class LLM:
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
         """prompts: a str, a list of token ids, or a list of either. Outputs keep their order."""
         requests = prepare_requests(prompts, sampling_params, self._encode,
-                                    self.model_config.vocab_size, self.max_model_len)
+                                    self.model_config.vocab_size, self.max_model_len, self.detokenize)
         now = time.perf_counter()   # offline: every request arrives now
         seqs = [Sequence(i, ids, p, now) for i, (ids, p) in enumerate(requests)]
         for seq in tqdm(seqs, disable=not use_tqdm, desc="requests"):
@@ -61,7 +61,7 @@ class LLM:
             logits = self.model(tokens, start, cache)               # (vocab,) for the last token
             next_token = sample(logits, seq.params, generator)      # (1,), on the device
             seq.append(next_token.item(), time.perf_counter(),      # .item(): host sync
-                       self.source.eos_token_ids, self._decode)
+                       self.source.eos_token_ids, self._detokenize)
             if seq.finished:
                 return
             start += tokens.shape[0]
@@ -70,10 +70,10 @@ class LLM:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def _decode(self, ids: list[int]) -> str:
+    def _detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.detokenize else ""
 
     def _output(self, seq: Sequence) -> Output:
-        text = seq.stop_text if seq.stop_text is not None else self._decode(seq.output_ids)
+        text = seq.stop_text if seq.stop_text is not None else self._detokenize(seq.output_ids)
         return Output(seq.prompt_ids, seq.output_ids, text, seq.finish_reason,
                       seq.arrival_time, seq.token_times)

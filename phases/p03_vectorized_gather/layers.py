@@ -16,8 +16,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x * rsqrt(mean(x^2) + eps), normalized in fp32 (bf16 loses the small terms of the mean
-        # square) and scaled in the model dtype. F.rms_norm is one call where the spelled-out
-        # formula is five kernel launches: at batch 1 the host's launch rate sets the speed.
+        # square) and scaled in the model dtype. F.rms_norm normalizes in one kernel where the
+        # formula spelled out is five (pow, mean, add, rsqrt, mul), but the fp32 round trip
+        # around it still costs launches: this forward is four kernels in bf16 (cast up, norm,
+        # cast down, weight multiply) and two in fp32 (the casts are no-ops). At batch 1 the
+        # host's launch rate sets the speed, so every launch counts.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 

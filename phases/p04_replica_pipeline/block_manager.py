@@ -61,6 +61,10 @@ class BlockManager:
         self.reserved[seq.seq_id] -= 1
         self.num_reserved -= 1
 
+    def holds(self, seq: Sequence) -> bool:
+        """Was this sequence allocated and not yet freed?"""
+        return seq.seq_id in self.reserved
+
     def free(self, seq: Sequence) -> None:
         """Return every block of a finished sequence and drop what was still reserved for it."""
         if seq.seq_id not in self.reserved:

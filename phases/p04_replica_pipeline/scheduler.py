@@ -64,6 +64,19 @@ class Scheduler:
             tokens += seq.num_tokens
         return admitted
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is and give its blocks back: how a failed step is undone.
+        Safe on a request that already finished (its blocks went back then)."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        if self.block_manager.holds(seq):
+            self.block_manager.free(seq)
+        if not seq.finished:
+            seq.finish_reason = "abort"
+        seq.status = Status.FINISHED
+
     def finish(self, seqs: list[Sequence]) -> list[Sequence]:
         """After a step: free the blocks of every sequence that just finished; return those."""
         done = [seq for seq in seqs if seq.finished]

@@ -94,7 +94,7 @@ class LLM:
         with stage("output handling"):
             now = time.perf_counter()
             for seq, token in zip(seqs, tokens):
-                seq.append(token, now, self.source.eos_token_ids, self._decode)
+                seq.append(token, now, self.source.eos_token_ids, self._detokenize)
             done = scheduler.finish(seqs)                            # their blocks are free again
             for seq in done:
                 del self.generators[seq.seq_id]
@@ -109,30 +109,40 @@ class LLM:
         seqs = [Sequence(next(self._seq_ids), ids, p, now) for ids, p in self._prepare(prompts, sampling_params)]
         for seq in seqs:
             self.scheduler.check_fits(seq)      # every request is checked before any work starts
-        ids, outputs = [self._add(seq) for seq in seqs], {}
-        with tqdm(total=len(seqs), disable=not use_tqdm, desc="requests") as bar:
-            while self.has_unfinished():
-                finished = self.step()
-                outputs.update(finished)
-                bar.update(len(finished))
+        try:
+            ids, outputs = [self._add(seq) for seq in seqs], {}
+            with tqdm(total=len(seqs), disable=not use_tqdm, desc="requests") as bar:
+                while self.has_unfinished():
+                    finished = self.step()
+                    outputs.update(finished)
+                    bar.update(len(finished))
+        except BaseException:   # an error or Ctrl-C mid-call: without this, the requests would hold
+            self._abort(seqs)   # their blocks and keep the engine busy for every later call
+            raise
         return [outputs[i] for i in ids]
 
     def _prepare(self, prompts, sampling_params):
         return prepare_requests(prompts, sampling_params, self._encode,
-                                self.model_config.vocab_size, self.max_model_len)
+                                self.model_config.vocab_size, self.max_model_len, self.detokenize)
 
     def _add(self, seq: Sequence) -> int:
         self.scheduler.add(seq)
         self.generators[seq.seq_id] = make_generator(seq.params, self.device)
         return seq.seq_id
 
+    def _abort(self, seqs: list[Sequence]) -> None:
+        """Drop these requests wherever they are (waiting or running) and free their KV blocks."""
+        for seq in seqs:
+            self.scheduler.abort(seq)
+            self.generators.pop(seq.seq_id, None)
+
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def _decode(self, ids: list[int]) -> str:
+    def _detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.detokenize else ""
 
     def _output(self, seq: Sequence) -> Output:
-        text = seq.stop_text if seq.stop_text is not None else self._decode(seq.output_ids)
+        text = seq.stop_text if seq.stop_text is not None else self._detokenize(seq.output_ids)
         return Output(seq.prompt_ids, seq.output_ids, text, seq.finish_reason,
                       seq.arrival_time, seq.token_times)

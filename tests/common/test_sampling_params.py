@@ -29,6 +29,8 @@ def test_valid_edges():
     """The edges of each valid range are accepted."""
     SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_tokens=1, seed=0)
     SamplingParams(top_p=1e-9, top_k=1)
+    SamplingParams(temperature=1e-5, seed=2**64 - 1, stop=None)
+    SamplingParams(temperature=3, top_p=1)          # ints are numbers too
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -36,15 +38,30 @@ def test_valid_edges():
     (dict(max_tokens=-1), "max_tokens must be a positive integer"),
     (dict(max_tokens=2.5), "max_tokens must be a positive integer"),
     (dict(max_tokens=True), "max_tokens must be a positive integer"),
-    (dict(temperature=-0.1), "temperature must be >= 0"),
-    (dict(temperature=float("nan")), "temperature must be >= 0"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(temperature=-0.1), "temperature must be 0 .greedy. or a finite number >= 1e-05"),
+    (dict(temperature=float("nan")), "temperature must be 0"),
+    (dict(temperature=float("inf")), "temperature must be 0"),
+    (dict(temperature=1e-38), "temperature must be 0"),
+    (dict(temperature=9e-6), "temperature must be 0"),
+    (dict(temperature="0.5"), "temperature must be 0"),
+    (dict(temperature=None), "temperature must be 0"),
+    (dict(temperature=True), "temperature must be 0"),
+    (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_p=float("nan")), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_p=None), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_k="5"), "top_k must be a non-negative integer"),
+    (dict(top_k=None), "top_k must be a non-negative integer"),
+    (dict(stop=5), "stop must be a string or a list of non-empty strings"),
+    (dict(ignore_eos="no"), "ignore_eos must be True or False"),
+    (dict(seed=2**64), r"seed must be None or an integer in \[0, 2\*\*64\)"),
+    (dict(seed=1.5), "seed must be None or an integer"),
+    (dict(seed=True), "seed must be None or an integer"),
     (dict(top_k=-2), "top_k must be a non-negative integer"),
     (dict(top_k=1.5), "top_k must be a non-negative integer"),
     (dict(stop=[""]), "stop must be a list of non-empty strings"),
     (dict(stop=[3]), "stop must be a list of non-empty strings"),
-    (dict(seed=-1), "seed must be a non-negative integer"),
+    (dict(seed=-1), "seed must be None or an integer in"),
 ])
 def test_rejects(kwargs, message):
     """Each invalid value raises a ValueError naming the field."""

@@ -74,16 +74,73 @@ def test_unknown_preset(LLM):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-1.0), "temperature must be >= 0"),
-    (dict(temperature=float("nan")), "temperature must be >= 0"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(temperature=-1.0), "temperature must be 0 .greedy. or a finite number >= 1e-05"),
+    (dict(temperature=float("nan")), "temperature must be 0"),
+    (dict(temperature=1e-38), "temperature must be 0"),         # logits / 1e-38 overflow to inf
+    (dict(temperature="0.7"), "temperature must be 0"),         # was a TypeError from a comparison
+    (dict(temperature=None), "temperature must be 0"),
+    (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_p="1"), r"top_p must be a number in \(0, 1\]"),
     (dict(top_k=-2), "top_k must be a non-negative integer"),
+    (dict(seed=2**64), r"seed must be None or an integer in \[0, 2\*\*64\)"),   # Generator overflow
 ])
 def test_bad_sampling_values(llm, kwargs, message):
-    """Out-of-range sampling values are rejected before any request is made."""
+    """Out-of-range or mistyped sampling values are rejected before any request is made."""
     with pytest.raises(ValueError, match=message):
         llm.generate([[1, 2, 3]], SamplingParams(**kwargs))
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=1e-5, seed=1), dict(temperature=1e30, seed=1),
+                                    dict(temperature=1.0, seed=2**64 - 1)])
+def test_sampling_range_edges_run(llm, kwargs):
+    """The edges of the accepted ranges run to the end and give real tokens."""
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True, **kwargs))[0]
+    assert len(out.token_ids) == 4
+
+
+@pytest.mark.parametrize("prompts, message", [
+    (None, "prompts must be a str, a list of int token ids, or a list of those, got NoneType"),
+    (b"hello", "prompts must be .*got bytes"),                  # list(b"..") would be ids 104, ...
+    ({1: "a", 2: "b"}, "prompts must be .*got dict"),           # list(dict) would be its keys
+    (torch.tensor([1, 2, 3]), r"got Tensor .*\.tolist\(\)"),
+    ([1.0, 2.0, 3.0], "request 0: a prompt must be a str or a list of int token ids, got float"),
+    ([[1, 2.0, 3]], "request 0: token ids must be Python ints, got float"),
+    ([[1, 2], b"hi"], "request 1: a prompt must be .*got bytes"),
+    ([[1, 2], None], "request 1: a prompt must be .*got NoneType"),
+    ([[True, 2]], "request 0: token ids must be Python ints, got bool"),
+])
+def test_bad_prompt_types(llm, prompts, message):
+    """A prompt is a str or a list of int ids; anything else is one clear ValueError."""
+    with pytest.raises(ValueError, match=message):
+        llm.generate(prompts, OK)
+
+
+def test_numpy_prompt_is_refused(llm):
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ValueError, match=r"got ndarray .*\.tolist\(\)"):
+        llm.generate(np.array([1, 2, 3]), OK)
+    with pytest.raises(ValueError, match=r"request 0: a prompt must be .*got ndarray"):
+        llm.generate([np.array([1, 2, 3])], OK)
+
+
+def test_tuple_prompt_is_ids(llm):
+    """A tuple of ints is a prompt like a list of ints."""
+    assert llm.generate((5, 6, 7), OK)[0].token_ids == llm.generate([5, 6, 7], OK)[0].token_ids
+
+
+def test_stop_strings_need_detokenize(LLM):
+    """An engine that never makes text cannot see stop strings: refused, not ignored."""
+    llm = LLM("tiny-llama", device="cpu", dtype="float32", max_model_len=MAX_LEN, detokenize=False)
+    with pytest.raises(ValueError, match="request 0: stop strings .* need text.*detokenize=False"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, stop=["a"]))
+    assert len(llm.generate([[1, 2, 3]], OK)[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("device", ["gpu", "GPU", "cuda0", "mps", "cpu:0"])
+def test_unknown_device(LLM, device):
+    with pytest.raises(ValueError, match=f"unknown device '{device}'; use 'cpu', 'cuda' or 'cuda:N'"):
+        LLM("tiny-llama", device=device)
 
 
 def test_token_id_out_of_vocab(llm):
