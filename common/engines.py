@@ -23,10 +23,16 @@ def phase_folder(name: str) -> str:
 
 
 def make_engine(name: str, preset: str, device: str, dtype: str, **options):
-    """Build an engine with the common generate() API; benchmarks skip detokenizing."""
+    """Build an engine with the common generate() API; benchmarks skip detokenizing. A phase's
+    engine over worker processes (options parallel="replica" | "pipeline") is its ParallelLLM."""
     if name in HF_ENGINES:
         from .hf_reference import HFEngine
         return HFEngine(preset, **HF_ENGINES[name], device=device, dtype=dtype,
                         detokenize=False, **options)
     module = importlib.import_module(f"phases.{phase_folder(name)}")
-    return module.LLM(preset, device=device, dtype=dtype, detokenize=False, **options)
+    engine = module.LLM
+    if options.get("parallel", "none") != "none":
+        engine = getattr(module, "ParallelLLM", None)
+        if engine is None:
+            raise ValueError(f"{name} has no engine over worker processes: drop parallel=")
+    return engine(preset, device=device, dtype=dtype, detokenize=False, **options)

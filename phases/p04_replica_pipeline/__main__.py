@@ -11,6 +11,7 @@ import time
 from common.sampling import SamplingParams
 
 from .engine import LLM
+from .router import ParallelLLM
 
 
 def parse_args(argv=None):
@@ -36,8 +37,8 @@ def main(argv=None) -> None:
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, parallel=args.parallel,
-                  world_size=args.world_size)
+        options = dict(device=args.device, dtype=args.dtype, parallel=args.parallel, world_size=args.world_size)
+        llm = (LLM if args.parallel == "none" else ParallelLLM)(args.model, **options)
         prompt = llm.tokenizer.chat_ids(args.prompt) if args.chat else args.prompt
         start = time.perf_counter()
         out = llm.generate(prompt, params)[0]

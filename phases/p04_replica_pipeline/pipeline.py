@@ -116,7 +116,7 @@ def read_description(ints: list[int]) -> tuple[list[SeqView], bool]:
     return views, bool(ints[0])
 
 
-class Stage(LLM):
+class StageEngine(LLM):
     """An LLM built on one stage's part of the model, with a KV pool for that part's layers."""
     rank: int
 
@@ -154,7 +154,7 @@ class Stage(LLM):
         return t
 
 
-class PipelineHead(Stage):
+class PipelineHead(StageEngine):
     """Stage 0: schedules two micro-batch groups and keeps one step of each in flight."""
     rank = HEAD
 
@@ -182,11 +182,24 @@ class PipelineHead(Stage):
                 self._launch(group)
         if not self.in_flight:
             return []
+        return self._commit(*self._land())
+
+    def _land(self) -> tuple[Scheduler, list[Sequence], torch.Tensor]:
+        """The oldest step in flight: its group, its sequences and their logits (B, vocab)."""
         group, seqs, sends = self.in_flight.popleft()
         logits = self._recv((len(seqs), self.model_config.vocab_size), torch.float32)
         for work in sends:
             work.wait()
-        return self._commit(group, seqs, logits)
+        return group, seqs, logits
+
+    def _abort(self, seqs: list[Sequence]) -> None:
+        """As LLM._abort, over both groups. The steps in flight land first (their logits are
+        dropped): the tail sends them whatever happens, and a later recv must not read them."""
+        while self.in_flight:
+            self._land()
+        for seq in seqs:
+            self.groups[1].abort(seq)                 # group 0 is self.scheduler: LLM._abort's
+        super()._abort(seqs)
 
     def _launch(self, group: Scheduler) -> None:
         seqs, is_prefill = group.schedule()
@@ -204,7 +217,7 @@ class PipelineHead(Stage):
         dist.send(torch.zeros(2, dtype=torch.int64, device=self.device), TAIL, group=self.to_tail)
 
 
-class PipelineTail(Stage):
+class PipelineTail(StageEngine):
     """Stage 1: runs the second half for every step the head sends, until told to stop."""
     rank = TAIL
 
@@ -221,4 +234,4 @@ class PipelineTail(Stage):
             dist.send(self.model(hidden, step), HEAD, group=self.to_head)   # (B, vocab) fp32 logits
 
 
-STAGES = {HEAD: PipelineHead, TAIL: PipelineTail}
+STAGE_ENGINES = {HEAD: PipelineHead, TAIL: PipelineTail}   # rank -> the engine it builds

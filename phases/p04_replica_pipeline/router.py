@@ -32,15 +32,21 @@ def least_outstanding_tokens(costs: list[int], num_replicas: int) -> list[list[i
 
 
 class ParallelLLM:
-    """LLM(model, parallel=..., world_size=..., **options).generate(prompts, params) -> list[Output].
+    """ParallelLLM(model, parallel=..., world_size=..., **options).generate(prompts, params)
+    -> list[Output], as LLM's.
 
-    Only generate(): the step API lives inside the workers. Stop the workers with shutdown() or
-    `with LLM(...) as llm:`; they are also stopped when this object is collected or at exit."""
+    Only generate(): the step API lives inside the workers. A call that fails or is interrupted
+    (Ctrl-C) leaves the engine ready for the next; only a dead worker ends it. Stop the workers
+    with shutdown() or `with ParallelLLM(...) as llm:`; they also stop when this object is
+    collected, at exit, or when this process is killed."""
 
     runs_in_workers = True   # the model, its memory and its clocks are the workers' (for the bench)
 
     def __init__(self, model: str = "smollm2-135m", *, detokenize: bool = True, **options):
         self.config = EngineConfig(model=model, **options)     # validated before any process starts
+        if self.config.parallel == "none":
+            raise ValueError("ParallelLLM needs parallel='replica' or 'pipeline'; "
+                             "LLM(...) is the one-process engine")
         self.source = resolve(self.config.model, seed=self.config.seed)
         self.model_config = self.source.config
         self.max_model_len = self.config.resolve_max_model_len(self.model_config.max_position)
@@ -56,8 +62,6 @@ class ParallelLLM:
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
         """As LLM.generate (use_tqdm is ignored: the work happens in the workers)."""
-        if not self.pool.alive:
-            raise RuntimeError("this engine is shut down")
         now = time.perf_counter()   # offline: every request arrives now
         # encode lazily: token-id prompts need no tokenizer (random presets borrow SmolLM2's)
         requests = prepare_requests(prompts, sampling_params, lambda text: self.tokenizer.encode(text),

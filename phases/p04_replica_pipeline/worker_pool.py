@@ -2,16 +2,23 @@
 
 Replies are awaited in short slices; between slices every worker must still be alive, so a worker
 that crashes (even one killed without a word) is an error in the parent within about a second,
-never a hang. Workers are daemon processes and are stopped on shutdown(), on garbage collection
-and at interpreter exit (weakref.finalize), so none outlives the parent.
+never a hang. Every call has an id, sent with its commands and published in a shared value while
+the parent waits: if the wait ends early (Ctrl-C, an error), the workers abort the call at their
+next step and any late reply is dropped by its id, so the next call gets its own outputs.
+Workers are daemon processes and are stopped on shutdown(), on garbage collection and at
+interpreter exit (weakref.finalize); a parent killed outright takes them along (worker.py).
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import socket
+import tempfile
 import time
+import traceback
 import weakref
+from pathlib import Path
 
 from . import worker
 from .worker import STOP, WorkerSpec
@@ -33,49 +40,68 @@ class WorkerPool:
         ctx = mp.get_context("spawn")         # fork would copy the parent's threads and CUDA state
         self.results = ctx.Queue()
         self.commands = [ctx.Queue() for _ in range(world_size)]
-        self.procs = [ctx.Process(target=worker.main, args=(rank, spec, self.commands[rank], self.results),
-                                  name=f"engine-worker-{rank}", daemon=True) for rank in range(world_size)]
-        for proc in self.procs:
-            proc.start()
+        self.current = ctx.Value("q", 0)      # the id of the call the parent waits for (0: none)
+        self.last_call, self.failure = 0, None
+        self.procs = [ctx.Process(target=worker.main, name=f"engine-worker-{rank}", daemon=True,
+                                  args=(rank, spec, self.commands[rank], self.results, self.current))
+                      for rank in range(world_size)]
+        start(self.procs)
         self._stop = weakref.finalize(self, stop_workers, self.procs, self.commands)
-        self.gather(range(world_size), timeout=START_TIMEOUT_S)     # every worker says "ready"
+        self.gather(range(world_size), 0, timeout=START_TIMEOUT_S)     # every worker says "ready"
 
-    def call(self, commands: dict[int, tuple]) -> dict[int, object]:
-        """Send each rank its command; return each rank's reply. A rank that found a request it
-        cannot take raises ValueError here (after every reply is in, so the pool stays usable)."""
+    def call(self, commands: dict[int, tuple[str, object]]) -> dict[int, object]:
+        """Send each rank its (name, payload); return each rank's reply. A rank that found a
+        request it cannot take raises ValueError here, a call that failed in a worker raises
+        RuntimeError; either way after every reply is in, and the pool serves the next call."""
         self._check_alive(None)               # a pool with a dead worker takes no more work
-        for rank, command in commands.items():
-            self.commands[rank].put(command)
-        replies = self.gather(commands)
-        invalid = [payload for kind, payload in replies.values() if kind == "invalid"]
-        if invalid:
-            raise ValueError(invalid[0])
+        self.last_call += 1
+        call_id = self.current.value = self.last_call
+        try:
+            for rank, (name, payload) in commands.items():
+                self.commands[rank].put((name, call_id, payload))
+            replies = self.gather(commands, call_id)
+        finally:
+            self.current.value = 0            # over, or given up: workers abort what is left
+        for rank, (kind, payload) in replies.items():
+            if kind == "invalid":
+                raise ValueError(payload)
+            if kind == "failed":
+                self._check_alive(None)       # a dead peer is the cause: a stage saw its link drop
+                raise RuntimeError(f"worker {rank} failed this call (it serves the next one):\n{payload}")
         return {rank: payload for rank, (_, payload) in replies.items()}
 
-    def gather(self, ranks, timeout: float | None = None) -> dict[int, tuple[str, object]]:
-        """One reply per rank: {rank: (kind, payload)}. A worker error stops the pool and raises."""
+    def gather(self, ranks, call_id: int, timeout: float | None = None) -> dict[int, tuple[str, object]]:
+        """One reply per rank to call `call_id`: {rank: (kind, payload)}. Replies to an earlier
+        call are dropped. A worker error stops the pool and raises."""
         replies, deadline = {}, None if timeout is None else time.monotonic() + timeout
         while len(replies) < len(ranks):
             try:
-                kind, rank, payload = self.results.get(timeout=POLL_S)
+                kind, rank, reply_id, payload = self.results.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_alive(deadline)
                 continue
             if kind == "error":
                 self._worker_error(rank, payload)
-            replies[rank] = (kind, payload)
+            if reply_id == call_id:
+                replies[rank] = (kind, payload)
         return replies
 
     def _check_alive(self, deadline: float | None) -> None:
-        dead = [(rank, proc.exitcode) for rank, proc in enumerate(self.procs) if not proc.is_alive()]
+        if not self.alive:
+            raise RuntimeError(self.failure or "this engine is shut down")
+        dead = [(rank, proc) for rank, proc in enumerate(self.procs) if not proc.is_alive()]
         if dead:
             try:                              # its last words may still be in the queue
-                kind, rank, payload = self.results.get(timeout=POLL_S)
+                kind, rank, _, payload = self.results.get(timeout=POLL_S)
                 if kind == "error":
                     self._worker_error(rank, payload)
             except queue.Empty:
                 pass
-            self._fail(f"worker {dead[0][0]} died (exit code {dead[0][1]})")
+            rank, proc = dead[0]
+            words = last_words(os.getpid(), proc.pid)
+            why = f"; starting up, it failed:\n{words.read_text()}" if words.exists() else ""
+            words.unlink(missing_ok=True)
+            self._fail(f"worker {rank} died (exit code {proc.exitcode}){why}")
         if deadline is not None and time.monotonic() > deadline:
             self._fail("workers did not answer in time")
 
@@ -87,6 +113,8 @@ class WorkerPool:
         self._fail(f"{cause}worker {rank} failed:\n{payload}")
 
     def _fail(self, message: str):
+        """A dead worker: stop the rest, and refuse every later call with the same message."""
+        self.failure = f"this engine is unusable: {message}"
         self.shutdown()
         raise RuntimeError(message)
 
@@ -96,6 +124,23 @@ class WorkerPool:
     @property
     def alive(self) -> bool:
         return self._stop.alive
+
+
+def start(procs) -> None:
+    """Start the workers. spawn runs the main script again in each one: a script that builds a
+    parallel engine outside `if __name__ == "__main__":` gets here inside a worker, where starting
+    processes fails. That worker leaves the traceback for the parent, which reports it."""
+    try:
+        for proc in procs:
+            proc.start()
+    except RuntimeError:
+        if getattr(mp.current_process(), "_inheriting", False):    # spawn's "still starting up"
+            last_words(os.getppid(), os.getpid()).write_text(traceback.format_exc())
+        raise
+
+
+def last_words(parent: int, pid: int) -> Path:
+    return Path(tempfile.gettempdir(), f"engine-worker-{parent}-{pid}.txt")
 
 
 def stop_workers(procs, commands) -> None:

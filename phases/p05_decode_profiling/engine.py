@@ -29,17 +29,14 @@ class LLM:
     Underneath, the step API: add_request() queues a request, step() runs one forward step and
     returns the requests it finished, has_unfinished() says whether anything is left to do.
 
-    With parallel="replica" or "pipeline" (and world_size), LLM(...) returns a ParallelLLM: the
-    same generate() over worker processes (router.py), which builds these engines inside them."""
-
-    def __new__(cls, model: str = "smollm2-135m", **options):
-        if cls is LLM and options.get("parallel", "none") != "none":
-            from .router import ParallelLLM
-            return ParallelLLM(model, **options)
-        return super().__new__(cls)
+    parallel="replica" or "pipeline" (and world_size) is another engine, built by name:
+    ParallelLLM (router.py), the same generate() over worker processes that build these engines."""
 
     def __init__(self, model: str = "smollm2-135m", *, detokenize: bool = True, **options):
         self.config = EngineConfig(model=model, **options)
+        if self.config.parallel != "none":
+            raise ValueError(f"LLM runs in this process; for parallel={self.config.parallel!r} build "
+                             f"ParallelLLM(model, parallel=..., world_size=...)")
         self.source = resolve(self.config.model, seed=self.config.seed)
         self.model_config = self.source.config
         self.max_model_len = self.config.resolve_max_model_len(self.model_config.max_position)

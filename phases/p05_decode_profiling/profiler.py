@@ -8,7 +8,9 @@ doubles the host time of a launch-bound step, so the unprofiled split comes from
 `profile_decode` adds B identical requests, prefills them all, warms up, times decode steps
 without the profiler, then records a few more under it and reduces the events to a summary per
 step: wall time, host (CPU) and GPU kernel time per stage, GPU busy and idle time, kernel
-launches, host-device syncs, and the bandwidth floor of the step (weights + KV read once).
+launches, host-device syncs, and the bandwidth floor of the step (weights + KV read once). GPU
+busy and idle are measured on the profiled steps, which the profiler lengthens: read them beside
+`wall_ms_per_step_profiled` or as `gpu_idle_frac`, never beside the unprofiled `wall_ms_per_step`.
 """
 from __future__ import annotations
 
@@ -210,6 +212,7 @@ def summarize(events, wall_s: float, steps: int, on_gpu: bool) -> dict:
         "stage_cpu_ms": cpu, "stage_gpu_ms": gpu if on_gpu else {s: 0.0 for s in STAGES},
         "cpu_ms_outside_stages": wall - sum(cpu.values()),
         "gpu_busy_ms": busy, "gpu_idle_ms": wall - busy if on_gpu else 0.0,
+        "gpu_idle_frac": 1 - busy / wall if on_gpu else 0.0,    # of the profiled step, same clock
         "kernels_per_step": len(launches) / steps,
         "syncs_per_step": sum(e.name in SYNC_CALLS for e in host_ops) / steps,
         "scalar_reads_per_step": sum(e.name in SCALAR_READS for e in host_ops) / steps,

@@ -14,7 +14,7 @@ from common.sampling import SamplingParams
 from tests.reference import REF_NEW_TOKENS
 
 PHASE, PREVIOUS = "p04_replica_pipeline", "p03_vectorized_gather"
-LLM = importlib.import_module(f"phases.{PHASE}").LLM
+ParallelLLM = importlib.import_module(f"phases.{PHASE}").ParallelLLM
 PrevLLM = importlib.import_module(f"phases.{PREVIOUS}").LLM
 router = importlib.import_module(f"phases.{PHASE}.router")
 pipeline = importlib.import_module(f"phases.{PHASE}.pipeline")
@@ -45,7 +45,7 @@ def batch(prompts_for):
 
 @pytest.fixture(scope="module", params=list(MODES))
 def parallel_llm(request):
-    with LLM("tiny-llama", **OPTIONS, **MODES[request.param]) as llm:
+    with ParallelLLM("tiny-llama", **OPTIONS, **MODES[request.param]) as llm:
         yield llm
 
 
@@ -108,7 +108,7 @@ def test_batch_of_one_and_bad_requests(parallel_llm, batch):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_workers_stop_on_shutdown(mode):
-    with LLM("tiny-llama", **OPTIONS, **MODES[mode]) as llm:
+    with ParallelLLM("tiny-llama", **OPTIONS, **MODES[mode]) as llm:
         procs = list(llm.pool.procs)
         assert all(p.is_alive() and p.daemon for p in procs)
     assert workers_gone(procs)
@@ -119,7 +119,7 @@ def test_workers_stop_on_shutdown(mode):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_killed_worker_is_an_error_not_a_hang(mode):
-    llm = LLM("tiny-llama", **OPTIONS, **MODES[mode])
+    llm = ParallelLLM("tiny-llama", **OPTIONS, **MODES[mode])
     procs = list(llm.pool.procs)
     os.kill(procs[1].pid, signal.SIGKILL)
     start = time.monotonic()
@@ -145,7 +145,7 @@ def test_worker_failing_at_start_reports_its_traceback():
     """A KV budget too small for one block fails inside the workers; the parent says why."""
     with pytest.raises(RuntimeError, match=r"(?s)worker \d failed.*Traceback.*holds no block"):
         before = set(multiprocessing.active_children())
-        LLM("tiny-llama", **{**OPTIONS, "cpu_kv_cache_bytes": 64}, **MODES["replica"])
+        ParallelLLM("tiny-llama", **{**OPTIONS, "cpu_kv_cache_bytes": 64}, **MODES["replica"])
     assert set(multiprocessing.active_children()) <= before
 
 
@@ -158,7 +158,7 @@ def test_worker_failing_at_start_reports_its_traceback():
 def test_bad_parallel_options_fail_before_any_process(options, message):
     before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match=message):
-        LLM("tiny-llama", **OPTIONS, **options)
+        ParallelLLM("tiny-llama", **OPTIONS, **options)
     assert set(multiprocessing.active_children()) == before
 
 
@@ -167,6 +167,6 @@ def test_pipeline_on_the_real_model(prompts_for, hf_reference):
     """SmolLM2's reference prompts (chat, plain, non-ASCII, > 512 tokens): HF's greedy tokens,
     which the previous phase reproduces exactly, through two stages."""
     params = SamplingParams(temperature=0, max_tokens=REF_NEW_TOKENS, ignore_eos=True)
-    with LLM("smollm2-135m", device="cpu", dtype="float32", **MODES["pipeline"]) as llm:
+    with ParallelLLM("smollm2-135m", device="cpu", dtype="float32", **MODES["pipeline"]) as llm:
         outs = llm.generate(prompts_for("smollm2-135m"), params)
     assert [o.token_ids for o in outs] == hf_reference("smollm2-135m")

@@ -7,7 +7,7 @@ import pytest
 from common.sampling import SamplingParams
 
 PHASE = "p05_decode_profiling"
-LLM = importlib.import_module(f"phases.{PHASE}").LLM
+engine = importlib.import_module(f"phases.{PHASE}")
 
 OPTIONS = dict(device="cpu", dtype="float32", block_size=4, cpu_kv_cache_bytes=1 << 21)
 
@@ -18,7 +18,7 @@ def test_replicas_give_the_in_process_tokens(prompts_for):
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
               SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=5, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
-    expected = LLM("tiny-llama", **OPTIONS).generate(prompts, params)
-    with LLM("tiny-llama", **OPTIONS, parallel="replica", world_size=2) as llm:
+    expected = engine.LLM("tiny-llama", **OPTIONS).generate(prompts, params)
+    with engine.ParallelLLM("tiny-llama", **OPTIONS, parallel="replica", world_size=2) as llm:
         outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [e.token_ids for e in expected]

@@ -5,6 +5,7 @@ summary is checked on hand-made events.)"""
 import gzip
 import importlib
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -112,6 +113,7 @@ def test_gpu_summary_arithmetic_on_hand_made_events():
     assert s["stage_cpu_ms"]["mlp"] == pytest.approx(0.015)
     assert s["gpu_busy_ms"] == pytest.approx(0.0455)
     assert s["gpu_idle_ms"] == pytest.approx(0.2 - 0.0455)
+    assert s["gpu_idle_frac"] == pytest.approx(1 - 0.0455 / 0.2)     # of the profiled step
     assert (s["kernels_per_step"], s["syncs_per_step"], s["scalar_reads_per_step"], s["dtoh_copies_per_step"]) \
         == (1, 0.5, 1, 0.5)
 
@@ -143,7 +145,10 @@ def test_cli_bad_profile_arguments(args, message, tmp_path):
 def test_cli_profile_writes_summary_and_trace(capsys, tmp_path):
     cli.main(["--profile", "--device", "cpu", "--batch", "2", "--steps", "2", "--timed-steps", "2",
               "--out", str(tmp_path)])
-    assert "[profile] tiny-llama batch 2 on cpu" in capsys.readouterr().out
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("[profile] tiny-llama batch 2 on cpu")
+    # GPU idle is measured on the profiled steps: printed beside their wall, not the unprofiled one
+    assert re.search(r"under the profiler \d+\.\d\d ms/step, GPU idle \d+% of it$", line), line
     assert {p.name for p in tmp_path.iterdir()} == {"profile-cpu.json", "trace-cpu-b2.json.gz"}
 
 

@@ -1,0 +1,174 @@
+"""The engine over worker processes under faults: an interrupted or failed call leaves it ready
+for the next (whose outputs are its own), a dead worker is named on every later call, workers
+die with a killed parent, a script without the __main__ guard gets the workers' real error, and
+LLM(parallel=...) points at ParallelLLM instead of quietly becoming it."""
+import importlib
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from common.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = {"replica": dict(parallel="replica", world_size=2), "pipeline": dict(parallel="pipeline", world_size=2)}
+# A KV pool of exactly 32 blocks of 4 tokens in every mode (max_num_seqs * max_model_len caps it),
+# and one seat: a request of 128 tokens needs the whole pool, so it runs only on an idle engine.
+OPTIONS = dict(device="cpu", dtype="float32", block_size=4, max_model_len=128, max_num_seqs=1,
+               max_num_batched_tokens=128)
+WHOLE_POOL = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)     # 8 + 120 tokens
+
+
+@pytest.fixture(scope="module")
+def ParallelLLM(phase):  # noqa: N802 - named like the class it returns
+    return importlib.import_module(f"phases.{phase}").ParallelLLM
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def parallel_llm(request, ParallelLLM):  # noqa: N803
+    with ParallelLLM("tiny-llama", **OPTIONS, **MODES[request.param]) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def next_call(LLM):  # noqa: N803
+    """The call after the interrupted one: its prompts and what one in-process engine answers."""
+    prompts = [[11 + i] * 8 for i in range(3)]
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)] * 2 + [WHOLE_POOL]
+    return prompts, params, [o.token_ids for o in LLM("tiny-llama", **OPTIONS).generate(prompts, params)]
+
+
+def interrupt_after(llm, monkeypatch, exc: BaseException, replies_in: bool) -> None:
+    """Make the pool's next wait for replies raise `exc`: at once (the workers are mid-call), or
+    once the workers' replies are in the queue (they arrive late, to the next call)."""
+    def gather(*args, **kwargs):
+        monkeypatch.undo()
+        deadline = time.monotonic() + 30
+        while replies_in and llm.pool.results.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3 if replies_in else 0)           # every worker's reply, not just the first
+        raise exc
+    monkeypatch.setattr(llm.pool, "gather", gather)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("exc,replies_in", [(KeyboardInterrupt(), False), (RuntimeError("hook"), True)],
+                         ids=["ctrl-c-mid-call", "error-after-replies"])
+def test_next_call_after_an_interrupted_one_gets_its_own_outputs(parallel_llm, next_call, monkeypatch,
+                                                                  exc, replies_in):
+    """Ctrl-C reaches the workers too (the whole process group): they must ignore it. The
+    interrupted call's requests are aborted in the workers (the next call's last request needs the
+    whole KV pool and the only seat: it would wait for ever) and its late replies are dropped."""
+    if isinstance(exc, KeyboardInterrupt):
+        for proc in parallel_llm.pool.procs:
+            os.kill(proc.pid, signal.SIGINT)
+    old = [[7] * 8, [8] * 8, [9] * 8]
+    params = SamplingParams(temperature=0, max_tokens=8 if replies_in else 120, ignore_eos=True)
+    interrupt_after(parallel_llm, monkeypatch, exc, replies_in)
+    with pytest.raises(type(exc)):
+        parallel_llm.generate(old, params)
+    prompts, params, expected = next_call
+    outs = parallel_llm.generate(prompts, params)
+    assert [o.prompt_token_ids for o in outs] == prompts and [o.token_ids for o in outs] == expected
+
+
+@pytest.mark.timeout(60)
+def test_a_call_that_fails_in_a_worker_leaves_the_engine_usable(parallel_llm, next_call):
+    """A worker whose call raises reports it and serves on (a malformed command stands in for
+    any failure inside a step)."""
+    with pytest.raises(RuntimeError, match=r"(?s)worker 0 failed this call.*TypeError"):
+        parallel_llm.pool.call({0: ("generate", None)})
+    prompts, params, expected = next_call
+    assert [o.token_ids for o in parallel_llm.generate(prompts, params)] == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_dead_worker_is_named_on_every_later_call(ParallelLLM, mode):  # noqa: N803
+    llm = ParallelLLM("tiny-llama", **OPTIONS, **MODES[mode])
+    os.kill(llm.pool.procs[1].pid, signal.SIGKILL)
+    llm.pool.procs[1].join(10)
+    for _ in range(2):                                 # replicas: the call need not even use it
+        with pytest.raises(RuntimeError, match=r"worker 1 died \(exit code -9\)"):
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+
+
+def run_script(body: str, tmp_path: Path, phase: str) -> subprocess.Popen:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body).format(phase=phase, options=OPTIONS))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_workers_exit_when_the_parent_is_killed(phase, tmp_path, mode):
+    parent = run_script("""
+        import time
+        from phases.{phase} import ParallelLLM
+        if __name__ == "__main__":
+            llm = ParallelLLM("tiny-llama", **{options}, parallel=%r, world_size=2)
+            print(*(p.pid for p in llm.pool.procs), flush=True)
+            time.sleep(600)
+        """ % mode, tmp_path, phase)
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == 2, parent.stderr.read()
+    finally:
+        parent.kill()                                  # SIGKILL: no atexit, no finalizers
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in pids)
+
+
+@pytest.mark.timeout(90)
+def test_a_script_without_the_main_guard_gets_the_workers_error(phase, tmp_path):
+    """spawn runs the script again in every worker; there it tries to start workers of its own
+    and fails. The parent's error must carry that reason, not just an exit code."""
+    parent = run_script("""
+        from phases.{phase} import ParallelLLM
+        try:
+            llm = ParallelLLM("tiny-llama", **{options}, parallel="replica", world_size=2)
+        except RuntimeError as e:
+            if __name__ != "__main__":                 # in a worker: fail as spawn made it fail
+                raise
+            print("PARENT:", e)
+        """, tmp_path, phase)
+    out, err = parent.communicate(timeout=80)
+    assert "PARENT: worker" in out and "bootstrapping phase" in out.split("PARENT:", 1)[1], out + err
+    assert "if __name__ == '__main__':" in out
+
+
+def test_LLM_points_at_ParallelLLM_and_starts_no_process(LLM, ParallelLLM):  # noqa: N802, N803
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match=r"ParallelLLM\(model, parallel="):
+        LLM("tiny-llama", **OPTIONS, **MODES["replica"])
+    with pytest.raises(ValueError, match="ParallelLLM needs parallel='replica' or 'pipeline'"):
+        ParallelLLM("tiny-llama", **OPTIONS)
+    assert set(multiprocessing.active_children()) == before
+
+
+def test_the_bench_builds_ParallelLLM_for_a_parallel_mode(phase, monkeypatch):  # noqa: N802
+    from common.engines import make_engine
+    module = importlib.import_module(f"phases.{phase}")
+    monkeypatch.setattr(module, "ParallelLLM", lambda *args, **kwargs: ("parallel", args, kwargs))
+    kind, args, kwargs = make_engine(phase[:3], "tiny-llama", "cpu", "float32", **MODES["pipeline"])
+    assert (kind, args, kwargs["parallel"], kwargs["detokenize"]) == ("parallel", ("tiny-llama",), "pipeline", False)
+    assert isinstance(make_engine(phase[:3], "tiny-llama", "cpu", "float32"), module.LLM)
