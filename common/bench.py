@@ -132,6 +132,7 @@ def record(name, preset, args, work_setting, samples, hw, run, resident_gib) -> 
     metrics, spread = stats.summarize(samples)
     metrics.pop("num_tokens", None)
     if work.name == "latency":
+        metrics["ms_per_token"] = 1e3 / metrics["decode_tok_s"]   # the median rate's, not a mean of two
         add_roofline(metrics, preset, args.dtype, work, hw)
     else:
         metrics |= {"num_requests": len(work.requests), "output_tokens": work.output_tokens,

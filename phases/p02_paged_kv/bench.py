@@ -24,7 +24,7 @@ from common.sampling import SamplingParams
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p02"
-PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"
+PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p01"
 HF = "hf-generate,hf-generate-nocudnn"
 
 

@@ -1,4 +1,5 @@
-"""The bench harness on CPU: a --scale small run writes valid records with provenance."""
+"""The bench harness on CPU: a --scale small run writes valid records with provenance, measured
+interleaved and repeated in one run, with KV pools sized for the workload."""
 from __future__ import annotations
 
 import json
@@ -6,11 +7,11 @@ import json
 import pytest
 import torch
 
-from common import bench, roofline, workloads
+from common import bench, measure, roofline, stats, workloads
 from common.loader import resolve
 
-REQUIRED = {"phase", "engine", "workload", "preset", "dtype", "scale", "setting", "device",
-            "metrics", "samples", "provenance", "hardware"}
+REQUIRED = {"phase", "engine", "workload", "preset", "dtype", "scale", "setting", "device", "run_id", "part",
+            "repeats", "metrics", "spread", "samples", "provenance", "hardware"}
 PROVENANCE = {"command", "git_sha", "torch", "triton", "transformers", "cuda", "utc", "device"}
 
 
@@ -29,9 +30,13 @@ def test_latency_small_writes_valid_records(tmp_path):
         m = rec["metrics"]
         assert m["decode_tok_s"] > 0 and m["ms_per_token"] == pytest.approx(1e3 / m["decode_tok_s"])
         assert 0 < m["roofline_ms_per_token"] and m["roofline_frac"] > 0
-        assert len(rec["samples"]) == workloads.LATENCY_REPEATS["small"]
+        assert len(rec["samples"]) == rec["repeats"] == workloads.REPEATS["latency"]["small"]
+        assert [s["repeat"] for s in rec["samples"]] == list(range(rec["repeats"]))
         assert all(s["num_tokens"] == 256 for s in rec["samples"])
+        lo, hi = rec["spread"]["decode_tok_s"]
+        assert lo <= m["decode_tok_s"] <= hi and m["floor_bytes"] > 0
         assert rec["device"] == "cpu" and rec["dtype"] == "float32"
+    assert records[0]["run_id"] == records[1]["run_id"]             # one comparison, one run
 
 
 def test_offline_small_counts_every_token(tmp_path):
@@ -40,7 +45,8 @@ def test_offline_small_counts_every_token(tmp_path):
     m = rec["metrics"]
     assert m["num_requests"] == workloads.OFFLINE_REQUESTS["small"] == len(work.requests)
     assert m["output_tokens"] == work.output_tokens and m["prompt_tokens"] == work.prompt_tokens
-    assert m["output_tok_s"] == pytest.approx(m["output_tokens"] / m["wall_s"])
+    for sample in rec["samples"]:
+        assert sample["output_tok_s"] == pytest.approx(m["output_tokens"] / sample["wall_s"])
 
 
 def test_rerun_replaces_record_with_same_key(tmp_path):
@@ -67,9 +73,22 @@ def test_decode_floor_is_bytes_over_bandwidth():
     assert floor == pytest.approx(expected)
 
 
-def test_unknown_engine_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="unknown engine"):
+def test_unknown_engine_is_a_clear_error_before_measuring(tmp_path, capsys):
+    with pytest.raises(SystemExit):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p99")
+    assert "unknown engine" in capsys.readouterr().err and not (tmp_path / "result.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "garbage", "not a list"])
+def test_bad_out_path_is_refused_before_measuring(tmp_path, kind):
+    out = tmp_path / "out.json"
+    if kind == "directory":
+        out.mkdir()
+    else:
+        out.write_text("{{{" if kind == "garbage" else '{"a": 1}')
+    with pytest.raises(SystemExit, match="--out"):
+        bench.main(["--phase", "p01_serial_decode", "--workload", "latency", "--presets", "tiny-llama",
+                    "--engines", "p01", "--out", str(out)])
 
 
 def test_concurrency_runs_each_level_with_identical_lengths(tmp_path):
@@ -128,7 +147,73 @@ def test_offline_warm_up_reaches_every_replica():
             return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.0, "itl": []})() for p in params]
 
     work, engine = workloads.offline("small"), Recorder()
-    bench.offline_metrics(engine, work, "cpu")
-    assert engine.calls == [bench.WARMUP_REQUESTS, len(work.requests)]
-    costs = [len(p) + 8 for p in work.prompts[:bench.WARMUP_REQUESTS]]
+    measure.warm_up(engine, work)
+    measure.throughput_sample(engine, work, "cpu")
+    assert engine.calls == [measure.WARMUP_REQUESTS, len(work.requests)]
+    costs = [len(p) + 8 for p in work.prompts[:measure.WARMUP_REQUESTS]]
     assert all(least_outstanding_tokens(costs, 2))          # neither replica is left cold
+
+
+def test_engines_are_interleaved_round_by_round(tmp_path, monkeypatch):
+    """Round i runs every engine on every setting before round i+1 starts (A B, A B, ...)."""
+    order = []
+    real = bench.take_sample
+
+    def spy(engine, work, device):
+        order.append((type(engine).__module__.split(".")[-2 if "phases" in type(engine).__module__ else 1],
+                      len(work.requests)))
+        return real(engine, work, device)
+    monkeypatch.setattr(bench, "take_sample", spy)
+    run(tmp_path, "--workload", "concurrency", "--concurrency", "1,2", "--presets", "tiny-llama",
+        "--engines", "p02,p03", "--repeats", "2")
+    engines = [e for e, _ in order]
+    assert engines == ["p02_paged_kv", "p03_vectorized_gather"] * 4
+    assert [c for _, c in order] == [1, 1, 2, 2, 1, 1, 2, 2]
+
+
+def test_per_repeat_ratios_come_from_one_run(tmp_path):
+    """Two engines of one run pair up by repeat; records of two runs give no ratio."""
+    a, b = run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p02,p03")
+    r = stats.paired_ratio(b, a, "decode_tok_s")
+    assert r["pairs"] == 2 and r["min"] <= r["median"] <= r["max"]
+    expected = [s["decode_tok_s"] / t["decode_tok_s"] for s, t in zip(b["samples"], a["samples"])]
+    assert r["min"] == pytest.approx(min(expected)) and r["max"] == pytest.approx(max(expected))
+    assert stats.paired_ratio(b, a | {"run_id": "another"}, "decode_tok_s") is None
+    slower = stats.paired_ratio(b, a, "ms_per_token")       # lower is better: still "b's gain over a"
+    assert slower["median"] == pytest.approx(r["median"], rel=1e-9)
+
+
+def test_kv_pool_is_sized_for_the_workload():
+    """Every request the workload holds at once, in whole blocks plus one spare each, and no more."""
+    work = workloads.concurrency(3, "small")
+    per_token = resolve("tiny-llama").config.kv_bytes_per_token(torch.float32)
+    prompt, out = workloads.CONCURRENCY_LENS["small"]
+    blocks = -(-(prompt + out) // 16) + 1
+    assert measure.kv_budget_bytes("tiny-llama", torch.float32, [work]) == 3 * blocks * 16 * per_token
+    many = workloads.offline("full", num_requests=300)      # more than run at once: the longest 256 count
+    assert measure.kv_budget_bytes("tiny-llama", torch.float32, [many]) < \
+        sum(-(-(len(i) + p.max_tokens) // 16) + 1 for i, p in many.requests) * 16 * per_token
+
+
+def test_phase_engines_get_the_sized_pool_and_hf_does_not(tmp_path):
+    args = bench.parse_args(["--phase", "x", "--workload", "latency", "--engines", "p01,p03,hf-generate",
+                             "--device", "cpu"])
+    works = bench.make_workloads(args)
+    assert "kv_cache_bytes" not in bench.sized_options("p01", "tiny-llama", args, works)   # no paged pool
+    assert bench.sized_options("p03", "tiny-llama", args, works)["kv_cache_bytes"] > 0
+    assert bench.sized_options("hf-generate", "tiny-llama", args, works) == {}
+    spec = bench.sized_options("p04 parallel=replica world_size=2", "tiny-llama", args, works)
+    assert spec["parallel"] == "replica" and spec["world_size"] == 2
+
+
+def test_a_part_names_its_make_command_in_every_record(tmp_path, capsys):
+    """make phase-NN bench PART=x runs the part's comparisons; each record says which command made it."""
+    from common import bench_set
+    out = tmp_path / "r.json"
+    parts = {"small": [["--workload", "latency", "--presets", "tiny-llama", "--engines", "p01", "--repeats", "1",
+                        "--out", str(out)]]}
+    bench_set.run_parts("p01_serial_decode", parts, parts, ["--part", "small", "--device", "cpu"])
+    [rec] = json.loads(out.read_text())
+    assert rec["part"] == "small" and rec["provenance"]["make_command"] == "make phase-01 bench PART=small"
+    with pytest.raises(SystemExit, match="no part 'nope'.*parts: small"):
+        bench_set.run_parts("p01_serial_decode", parts, parts, ["--part", "nope"])

@@ -5,30 +5,44 @@ from common import report
 
 LADDER = "<!-- results:ladder -->\nstale text\n<!-- /results:ladder -->"
 BEFORE_AFTER = "<!-- results:before-after -->\n<!-- /results:before-after -->"
+BANDWIDTH = 4e12
 
 
-def record(phase, engine, preset, workload="latency", device="NVIDIA H200", **metrics):
+def record(phase, engine, preset, workload="latency", device="NVIDIA H200", run="run-a", samples=None,
+           setting=None, **metrics):
+    """A record as common.bench writes it; `samples` are the per-repeat values of the main metric."""
+    key = "decode_tok_s" if workload == "latency" else "output_tok_s"
+    samples = samples or [metrics.get(key, 1.0)] * 3
     return {"phase": phase, "engine": engine, "workload": workload, "preset": preset, "dtype": "bfloat16",
-            "scale": "full", "setting": {}, "device": device, "metrics": metrics, "samples": [],
-            "provenance": {"git_sha": "0123456789abcdef", "utc": "2030-01-02T03:04:05+00:00", "device": device}}
+            "scale": "full", "setting": setting or {}, "device": device, "metrics": metrics, "run_id": run,
+            "repeats": len(samples), "samples": [{"repeat": i, key: v} for i, v in enumerate(samples)],
+            "hardware": {"copy_bytes_per_s": BANDWIDTH},
+            "provenance": {"git_sha": "0123456789abcdef", "utc": "2030-01-02T03:04:05+00:00", "device": device,
+                           "make_command": f"make phase-{phase[1:3]} bench PART={workload}"}}
 
 
-def latency(phase, engine, preset, tok_s, floor_ms=1.0, **kw):
+def latency(phase, engine, preset, tok_s, floor_ms=1.0, samples=None, **kw):
+    """floor_ms: the bandwidth floor per token at BANDWIDTH (the record stores its bytes)."""
     return record(phase, engine, preset, decode_tok_s=tok_s, ms_per_token=1e3 / tok_s,
-                  roofline_ms_per_token=floor_ms, roofline_frac=floor_ms * tok_s / 1e3, **kw)
+                  floor_bytes=floor_ms * 1e-3 * BANDWIDTH, roofline_frac=0.0, samples=samples,
+                  setting={"batch": 1}, **kw)
+
+
+def write(root, name, recs):
+    (root / "results" / name).parent.mkdir(parents=True, exist_ok=True)
+    (root / "results" / name).write_text(json.dumps(recs))
 
 
 def make_repo(tmp_path):
-    p01 = [latency("p01_serial", engine, "llama-1b", tok_s)
-           for engine, tok_s in [("p01", 100.0), ("hf-generate", 40.0), ("hf-static", 400.0), ("p01", 90.0)]]
-    p01.append(latency("p01_serial", "p01", "tiny-llama", 1000.0, device="cpu"))
-    p02 = [latency("p02_next", "p02", "llama-1b", 250.0)]
-    offline = [record("p02_next", "p02", "llama-1b", "offline", output_tok_s=5000.0, total_tok_s=9000.0)]
-    files = {"p01_serial/latency-h200.json": p01[:4], "p01_serial/latency-cpu.json": p01[4:],
-             "p02_next/latency-h200.json": p02, "p02_next/offline-h200.json": offline}
-    for name, recs in files.items():
-        (tmp_path / "results" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "results" / name).write_text(json.dumps(recs))
+    write(tmp_path, "p01_serial/latency-h200.json", [
+        latency("p01_serial", "p01", "llama-1b", 100.0, samples=[100.0, 90.0, 110.0]),
+        latency("p01_serial", "hf-static", "llama-1b", 400.0, samples=[400.0, 400.0, 400.0])])
+    write(tmp_path, "p01_serial/latency-cpu.json", [latency("p01_serial", "p01", "tiny-llama", 1000.0, device="cpu")])
+    write(tmp_path, "p02_next/latency-h200.json", [
+        latency("p02_next", "p01", "llama-1b", 100.0, run="run-b", samples=[100.0, 100.0, 100.0]),
+        latency("p02_next", "p02", "llama-1b", 250.0, run="run-b", samples=[250.0, 200.0, 300.0])])
+    write(tmp_path, "p02_next/offline-h200.json", [
+        record("p02_next", "p02", "llama-1b", "offline", run="run-c", output_tok_s=5000.0, total_tok_s=9000.0)])
     for phase in ("p01_serial", "p02_next", "p03_unwritten"):
         (tmp_path / "phases" / phase).mkdir(parents=True)
     (tmp_path / "README.md").write_text(f"# top\n\n{LADDER}\n\nafter\n")
@@ -41,38 +55,82 @@ def rows(text):
     return [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
 
 
-def test_ladder_values(tmp_path):
+def test_ladder_ratios_come_from_each_phase_own_run(tmp_path):
     root = make_repo(tmp_path)
     assert report.main(["--root", str(root)]) == 0
     text = (root / "README.md").read_text()
     assert "stale text" not in text and text.endswith("<!-- /results:ladder -->\n\nafter\n")
     h200, cpu = text.split("**cpu**")
-    assert rows(h200)[0] == ("| phase | model | decode tok/s | ms/token | % of roofline | vs hf-generate "
-                             "| vs hf-static | offline output tok/s |")
-    # best p01 record (100 tok/s, not 90), 10 ms/token, floor 1 ms -> 10%, 100/40 and 100/400
-    assert rows(h200)[1] == (
-        "| [p01_serial](phases/p01_serial) | llama-1b | 100 | 10.00 | 10.0% | 2.50× | 0.25× | – |")
-    # p02 has no HF run of its own: the peers come from p01's run on the same device and model
-    assert rows(h200)[2] == (
-        "| [p02_next](phases/p02_next) | llama-1b | 250 | 4.00 | 25.0% | 6.25× | 0.62× | 5,000 |")
-    assert "`results/p01_serial/latency-h200.json` (git 0123456, 2030-01-02 UTC, NVIDIA H200)" in h200
-    assert "**NVIDIA H200**" in h200
-    assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | tiny-llama | 1,000 |")
+    assert rows(h200)[0].startswith("| phase | engine | model | decode tok/s | ms/token | % of roofline "
+                                    "| vs previous phase | vs hf-static |")
+    # p01 vs hf-static per repeat: 100/400, 90/400, 110/400; floor 1 ms at 10 ms/token -> 10%
+    assert rows(h200)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | llama-1b | 100 | 10.00 | 10.0% "
+                                    "| – | 0.25× (0.23–0.28) |")
+    # p02 vs p01 from p02's own run (2.5, 2.0, 3.0); no hf-static in that run: the cell stays empty
+    assert rows(h200)[2].startswith("| [p02_next](phases/p02_next) | p02 | llama-1b | 250 | 4.00 | 25.0% "
+                                    "| 2.50× (2.00–3.00) | – |")
+    assert rows(h200)[2].endswith("| 5,000 |")
+    assert "`results/p01_serial/latency-h200.json` (`make phase-01 bench PART=latency`, git 0123456, " \
+           "2030-01-02 UTC, NVIDIA H200)" in h200
+    assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | tiny-llama | 1,000 |")
 
 
-def test_before_after_values(tmp_path):
+def test_ratio_whose_range_includes_one_is_noise(tmp_path):
+    recs = [latency("p02_next", "p01", "llama-1b", 100.0, samples=[100.0, 100.0, 100.0]),
+            latency("p02_next", "p02", "llama-1b", 105.0, samples=[105.0, 95.0, 110.0])]
+    write(tmp_path, "p02_next/latency-h200.json", recs)
+    table = report.before_after(report.load_records(tmp_path), "p02_next", "NVIDIA H200", "latency")
+    assert rows(table)[1].endswith("| 1.05× (0.95–1.10) noise |")
+
+
+def test_before_after_takes_the_previous_phase_from_this_phase_only(tmp_path):
     root = make_repo(tmp_path)
     report.main(["--root", str(root)])
     text = (root / "phases/p02_next/README.md").read_text()
     latency_table, offline_table = text.split("offline throughput")
-    # the previous phase's numbers come from its own folder; no HF run here, so no HF columns
     assert rows(latency_table) == [
         "| model | p01 | **p02** | p02 ms/token | p02 % of roofline | p02 vs p01 |",
-        "| llama-1b | 100 | 250 | 4.00 | 25.0% | 2.50× |"]
+        "| llama-1b | 100 | 250 | 4.00 | 25.0% | 2.50× (2.00–3.00) |"]
+    assert "median of 3 repeats" in latency_table and "noise" in latency_table
     assert rows(offline_table) == ["| model | **p02** | p02 total tok/s |", "| llama-1b | 5,000 | 9,000 |"]
-    assert "_Source: `results/p01_serial/latency-h200.json`" in latency_table
-    assert "`results/p02_next/offline-h200.json` (git 0123456, 2030-01-02 UTC, NVIDIA H200)" in offline_table
+    assert "_Source: `results/p02_next/latency-h200.json`" in latency_table
+    assert "p01_serial" not in latency_table
     assert (root / "phases/p01_serial/README.md").read_text() == "# p01 without markers\n"
+
+
+def test_records_of_two_runs_give_no_ratio(tmp_path):
+    recs = [latency("p02_next", "p01", "llama-1b", 100.0, run="one"), latency("p02_next", "p02", "llama-1b", 250.0, run="two")]
+    write(tmp_path, "p02_next/latency-h200.json", recs)
+    table = report.before_after(report.load_records(tmp_path), "p02_next", "NVIDIA H200", "latency")
+    assert rows(table)[1].endswith("| 100 | 250 | 4.00 | 25.0% | – |")
+
+
+def test_best_knows_which_way_is_better():
+    fast = {"metrics": {"decode_tok_s": 200.0, "ms_per_token": 5.0}}
+    slow = {"metrics": {"decode_tok_s": 100.0, "ms_per_token": 10.0}}
+    assert report.best([slow, fast], "decode_tok_s") is fast
+    assert report.best([slow, fast], "ms_per_token") is fast
+
+
+def test_one_bandwidth_per_device_for_the_roofline(tmp_path):
+    """Two runs measured 2 and 4 TB/s; both phases divide their floor bytes by the median (3)."""
+    a = latency("p01_serial", "p01", "llama-1b", 100.0)
+    b = latency("p02_next", "p02", "llama-1b", 100.0)
+    a["hardware"]["copy_bytes_per_s"], b["hardware"]["copy_bytes_per_s"] = 2e12, 4e12
+    write(tmp_path, "p01_serial/latency-h200.json", [a])
+    write(tmp_path, "p02_next/latency-h200.json", [b])
+    fracs = {r["phase"]: r["metrics"]["roofline_frac"] for r in report.load_records(tmp_path)}
+    assert fracs["p01_serial"] == fracs["p02_next"] == 1e-3 * BANDWIDTH / 3e12 * 1e3 / 10.0
+
+
+def test_headline_is_one_same_run_ratio_with_its_command(tmp_path, monkeypatch):
+    root = make_repo(tmp_path)
+    monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "p01", "NVIDIA H200"))
+    text = report.headline(report.load_records(root), "p02_next")
+    assert text.startswith("**2.50× (2.00–3.00)** decode tok/s, p02 vs p01 (batch=1, llama-1b, bfloat16, NVIDIA H200;")
+    assert text.endswith("Reproduce: `make phase-02 bench PART=latency`.")
+    monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "hf-static", "NVIDIA H200"))
+    assert "No same-run measurement" in report.headline(report.load_records(root), "p02_next")
 
 
 def test_idempotent_and_check(tmp_path, capsys):
@@ -84,8 +142,7 @@ def test_idempotent_and_check(tmp_path, capsys):
     assert report.main(["--root", str(root)]) == 0
     assert {p: p.read_text() for p in root.rglob("README.md")} == first
     assert report.main(["--root", str(root), "--check"]) == 0
-    newer = [latency("p02_next", "p02", "llama-1b", 300.0)]
-    (root / "results/p02_next/latency-h200.json").write_text(json.dumps(newer))
+    write(root, "p02_next/latency-h200.json", [latency("p02_next", "p02", "llama-1b", 300.0)])
     assert report.main(["--root", str(root), "--check"]) == 1
     assert "README.md" in capsys.readouterr().out
 
@@ -104,11 +161,10 @@ def test_unknown_marker_and_no_results(tmp_path):
 def test_concurrency_rows_in_numeric_order(tmp_path):
     """One row per concurrency level (8 before 32), previous phase and peer side by side."""
     def conc(engine, c, tok_s):
-        rec = record("p02_next", engine, "llama-1b", "concurrency", output_tok_s=tok_s, itl_ms_p50=1e3 / tok_s * c)
-        return rec | {"setting": {"concurrency": c}}
+        return record("p02_next", engine, "llama-1b", "concurrency", setting={"concurrency": c},
+                      output_tok_s=tok_s, itl_ms_p50=1e3 / tok_s * c)
     recs = [conc(e, c, t * c) for c in (32, 8) for e, t in [("p01", 10.0), ("p02", 50.0), ("hf-generate", 20.0)]]
-    (tmp_path / "results/p02_next").mkdir(parents=True)
-    (tmp_path / "results/p02_next/concurrency-h200.json").write_text(json.dumps(recs))
+    write(tmp_path, "p02_next/concurrency-h200.json", recs)
     (tmp_path / "phases/p02_next").mkdir(parents=True)
     (tmp_path / "phases/p02_next/README.md").write_text(BEFORE_AFTER)
     report.main(["--root", str(tmp_path)])
@@ -116,24 +172,26 @@ def test_concurrency_rows_in_numeric_order(tmp_path):
     assert "throughput at fixed concurrency" in text
     assert rows(text) == [
         "| model | p01 | **p02** | hf-generate | p02 ms/step (ITL p50) | p02 vs p01 | p02 vs hf-generate |",
-        "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | 5.00× | 2.50× |",
-        "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | 5.00× | 2.50× |"]
+        "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |",
+        "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |"]
 
 
-def test_parallel_modes_are_columns_of_their_own(tmp_path):
-    """A phase that runs its engine in two parallel modes gets one bold column and one ratio per mode."""
+def test_parallel_modes_are_columns_and_ladder_rows_of_their_own(tmp_path):
+    """A phase that runs its engine in two parallel modes: one bold column and one ratio per mode,
+    and in the ladder one row per mode (never one mode's latency beside the other's throughput)."""
     recs = [latency("p04_par", "p03", "llama-1b", 100.0)]
     for mode, tok_s in [("replica", 190.0), ("pipeline", 80.0)]:
         rec = latency("p04_par", "p04", "llama-1b", tok_s)
         rec["setting"] = {"batch": 1, "parallel": mode, "world_size": 2}
         recs.append(rec)
-    (tmp_path / "results/p04_par").mkdir(parents=True)
-    (tmp_path / "results/p04_par/latency-h200.json").write_text(json.dumps(recs))
-    table = report.before_after(report.load_records(tmp_path), "p04_par", "NVIDIA H200", "latency")
-    header, row = rows(table)
+    write(tmp_path, "p04_par/latency-h200.json", recs)
+    records = report.load_records(tmp_path)
+    header, row = rows(report.before_after(records, "p04_par", "NVIDIA H200", "latency"))
     assert "**p04 pipeline**" in header and "**p04 replica**" in header
     assert "p04 replica vs p03" in header and "p04 pipeline vs p03" in header
-    assert "| 1.90× |" in row and "| 0.80× |" in row
+    assert "| 1.90× (1.90–1.90) |" in row and "| 0.80× (0.80–0.80) |" in row
+    ladder_rows = rows(report.ladder(records))
+    assert [r.split(" | ")[1] for r in ladder_rows[1:]] == ["p04 pipeline", "p04 replica"]
 
 
 def test_profile_rows_per_batch_and_setting(tmp_path):
@@ -143,8 +201,7 @@ def test_profile_rows_per_batch_and_setting(tmp_path):
                      gpu_busy_ms=2.0, syncs_per_step=7.0, ideal_ms_per_step=0.5, roofline_frac=0.5 / wall)
         return rec | {"setting": {"lean_step": lean, "batch": batch}}
     recs = [prof(b, lean, w, k) for b, lean, w, k in [(64, 0, 12.0, 568.0), (1, 1, 8.0, 414.0), (1, 0, 10.0, 558.0)]]
-    (tmp_path / "results/p05_prof").mkdir(parents=True)
-    (tmp_path / "results/p05_prof/profile-h200.json").write_text(json.dumps(recs))
+    write(tmp_path, "p05_prof/profile-h200.json", recs)
     (tmp_path / "phases/p05_prof").mkdir(parents=True)
     (tmp_path / "phases/p05_prof/README.md").write_text("<!-- results:profile -->\n<!-- /results:profile -->\n")
     report.main(["--root", str(tmp_path)])
@@ -155,52 +212,47 @@ def test_profile_rows_per_batch_and_setting(tmp_path):
         "| llama-1b | 1 | 0 | 10.00 | 558 | 2.00 | 7 | 0.500 | 5.0% |",
         "| llama-1b | 1 | 1 | 8.00 | 414 | 2.00 | 7 | 0.500 | 6.2% |",
         "| llama-1b | 64 | 0 | 12.00 | 568 | 2.00 | 7 | 0.500 | 4.2% |"]
-    assert "`results/p05_prof/profile-h200.json` (git 0123456" in text
-    assert report.profile_all([], "p05_prof").startswith("_No profile yet: run `make phase-05 profile`")
+    assert "`results/p05_prof/profile-h200.json` (" in text
+    assert report.profile_tables([], "p05_prof").startswith("_No profile yet: run `make phase-05 profile`")
 
 
 def test_ladder_throughput_at_the_top_concurrency_and_no_empty_rows(tmp_path):
-    """The ladder's last column is each phase's own output tok/s at the highest concurrency
-    measured; a phase with only other workloads (a gather or profile run) gets no row."""
     root = make_repo(tmp_path)
-    conc = [record("p02_next", "p02", "llama-1b", "concurrency", output_tok_s=t) | {"setting": {"concurrency": c}}
-            for c, t in [(8, 800.0), (64, 6400.0)]]
-    gather = [record("p03_unwritten", "p03", "llama-1b", "gather", step_ms=1.0)]
-    (root / "results/p02_next/concurrency-h200.json").write_text(json.dumps(conc))
-    (root / "results/p03_unwritten").mkdir(parents=True)
-    (root / "results/p03_unwritten/gather-h200.json").write_text(json.dumps(gather))
+    conc = [record("p02_next", e, "llama-1b", "concurrency", run="run-d", setting={"concurrency": c}, output_tok_s=t,
+                   samples=[t] * 3) for e, c, t in [("p02", 8, 800.0), ("p02", 64, 6400.0), ("p01", 64, 640.0)]]
+    write(root, "p02_next/concurrency-h200.json", conc)
+    write(root, "p03_unwritten/gather-h200.json", [record("p03_unwritten", "p03", "llama-1b", "gather", step_ms=1.0)])
     report.main(["--root", str(root)])
     h200 = (root / "README.md").read_text().split("**cpu**")[0]
-    assert rows(h200)[0].endswith("| offline output tok/s | output tok/s at c=64 |")
-    assert rows(h200)[2].endswith("| 5,000 | 6,400 |")
+    assert "| output tok/s at c=64 | vs previous phase at c=64 | offline output tok/s |" in rows(h200)[0]
+    assert rows(h200)[2].endswith("| 6,400 | 10.00× (10.00–10.00) | 5,000 |")
     assert "p03_unwritten" not in h200
 
 
 def test_offline_sizes_are_rows_and_the_ladder_takes_the_standard_one(tmp_path):
-    """An offline run at another size (setting "requests") is a row of its own, after the standard
-    one; the ladder's offline column only takes standard-size runs."""
     recs = []
     for requests, scale in [(1024, 2.0), (None, 1.0)]:
         for engine, tok_s in [("p03", 100.0), ("p04", 150.0 * scale)]:
-            rec = record("p04_par", engine, "llama-1b", "offline", output_tok_s=tok_s * scale, total_tok_s=1.0)
-            rec["setting"] = {"requests": requests} if requests else {}
-            recs.append(rec)
-    (tmp_path / "results/p04_par").mkdir(parents=True)
-    (tmp_path / "results/p04_par/offline-h200.json").write_text(json.dumps(recs))
+            recs.append(record("p04_par", engine, "llama-1b", "offline", run=f"r{requests}",
+                               setting={"requests": requests} if requests else {},
+                               output_tok_s=tok_s * scale, total_tok_s=1.0, samples=[tok_s * scale] * 2))
+    write(tmp_path, "p04_par/offline-h200.json", recs)
     records = report.load_records(tmp_path)
     _, standard, large = rows(report.before_after(records, "p04_par", "NVIDIA H200", "offline"))
-    assert standard.startswith("| llama-1b | 100 | 150 |") and standard.endswith("| 1.50× |")
-    assert large.startswith("| llama-1b (1024 requests) | 200 | 600 |") and large.endswith("| 3.00× |")
+    assert standard.startswith("| llama-1b | 100 | 150 |") and standard.endswith("| 1.50× (1.50–1.50) |")
+    assert large.startswith("| llama-1b (1024 requests) | 200 | 600 |") and large.endswith("| 3.00× (3.00–3.00) |")
     assert "| 150 |" in report.ladder(records) and "600" not in report.ladder(records)
 
 
-def test_engine_options_are_columns_of_their_own(tmp_path):
-    """p05 with lean_step=0 is its own bold column beside p05, not hidden by best-of."""
+def test_ablation_is_a_column_of_its_own_and_stays_out_of_the_ladder(tmp_path):
+    """p05 with lean_step=0 is its own bold column beside p05, not hidden by best-of; the ladder
+    shows the phase's engine as shipped."""
     recs = [latency("p05_prof", "p04", "llama-1b", 100.0), latency("p05_prof", "p05", "llama-1b", 120.0)]
     off = latency("p05_prof", "p05", "llama-1b", 101.0)
     off["setting"] = {"batch": 1, "lean_step": 0}
-    (tmp_path / "results/p05_prof").mkdir(parents=True)
-    (tmp_path / "results/p05_prof/latency-h200.json").write_text(json.dumps(recs + [off]))
-    header, row = rows(report.before_after(report.load_records(tmp_path), "p05_prof", "NVIDIA H200", "latency"))
+    write(tmp_path, "p05_prof/latency-h200.json", recs + [off])
+    records = report.load_records(tmp_path)
+    header, row = rows(report.before_after(records, "p05_prof", "NVIDIA H200", "latency"))
     assert "**p05**" in header and "**p05 lean_step=0**" in header
-    assert "| 1.20× | 1.01× |" in row
+    assert "| 1.20× (1.20–1.20) | 1.01× (1.01–1.01) |" in row
+    assert "lean_step" not in report.ladder(records)

@@ -11,10 +11,22 @@ def bench(phase):
     return importlib.import_module(f"phases.{phase}.bench")
 
 
-def test_runs_name_this_phase_and_its_peers(bench):
-    for run in bench.GPU_RUNS + bench.CPU_RUNS:
-        assert bench.ENGINE in run[run.index("--engines") + 1].split(",")
-    assert bench.device_and_dtype(["--device", "cpu", "--presets", "x"]) == ("cpu", "float32")
+def engines_of(run: list[str]) -> list[str]:
+    return [spec.split()[0] for spec in run[run.index("--engines") + 1].split(",")]
+
+
+def test_every_part_compares_this_engine_with_the_previous_one_in_one_run(bench):
+    """Each comparison run holds this phase's engine and its baseline, so every ratio is same-run."""
+    for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
+        assert {"latency", "concurrency", "offline", "gather"} <= set(parts)
+        for name, part in parts.items():
+            for run in ([] if callable(part) else part):
+                assert bench.ENGINE in engines_of(run), (name, run)
+                if name in ("latency", "latency-8b", "offline") or name.startswith("concurrency") and \
+                        name != "concurrency-high":
+                    assert bench.PREVIOUS in engines_of(run), (name, run)
+    assert "hf-static" in engines_of(bench.GPU_PARTS["latency"][0])
+    assert {"hf-generate", "hf-generate-nocudnn"} <= set(engines_of(bench.GPU_PARTS["concurrency"][0]))
 
 
 def test_gather_share_times_a_decode_step(bench, LLM):
