@@ -9,7 +9,6 @@ Every record names the make command and part that made it: committed results com
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Callable, Union
 
 import torch
@@ -48,8 +47,3 @@ def run_part(phase: str, name: str, part: Part, rest: list[str]) -> None:
     for run in part:
         bench.main(["--phase", phase, *run, *rest], part=name, make_command=command)
 
-
-def engines_up_to(engine: str) -> list[str]:
-    """"p03" -> ["p01", "p02", "p03"]."""
-    n = int(re.fullmatch(r"p(\d\d)", engine).group(1))
-    return [f"p{i:02d}" for i in range(1, n + 1)]

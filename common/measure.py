@@ -14,7 +14,7 @@ from .device import synchronize
 from .loader import resolve
 
 MAX_IN_FLIGHT = 256          # the engines' default max_num_seqs: more requests than this queue
-WARMUP_REQUESTS = 8          # at least one per replica of a data-parallel engine (p04 runs 2)
+WARMUP_REQUESTS = 8          # at least one per replica of a data-parallel engine of up to 8 replicas
 
 
 def latency_sample(engine, work, device: str) -> dict:
