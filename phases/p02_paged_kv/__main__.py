@@ -39,6 +39,8 @@ def main(argv=None) -> None:
         out = llm.generate(prompt, params)[0]
     except ValueError as e:
         raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:                 # Ctrl-C: one line, no traceback
+        raise SystemExit("interrupted")
     elapsed = time.perf_counter() - start
     print(out.text)
     print(f"\n[{len(out.token_ids)} tokens in {elapsed:.2f} s, {len(out.token_ids) / elapsed:.1f} tok/s, "

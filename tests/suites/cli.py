@@ -26,3 +26,12 @@ def test_cli_chat_answers_on_the_real_model(capsys, cli):
 def test_cli_bad_input_is_one_clear_line(args, message, cli):
     with pytest.raises(SystemExit, match=message):
         cli.main([*args, "--device", "cpu"])
+
+
+def test_cli_ctrl_c_is_one_line_not_a_traceback(cli, monkeypatch):
+    """An interrupt mid-generation ends the command with one line."""
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli.LLM, "generate", interrupted)
+    with pytest.raises(SystemExit, match="^interrupted$"):
+        cli.main(["--model", "tiny-llama", "--prompt", "Hello", "--max-tokens", "5", "--device", "cpu"])
