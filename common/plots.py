@@ -1,7 +1,10 @@
 """Small matplotlib helpers for the notebooks (Agg backend: files, no windows).
 
-Every helper takes result records (common.results.read_records) already narrowed to one device and
+Every helper takes result records (common.report.load_records) already narrowed to one device and
 one workload, draws on a given Axes and puts the device in the title, so no plot hides where it ran.
+Where several records share a cell (same engine, preset, setting), the newest is drawn. A ratio
+between engines is drawn only between records of one run, per repeat pair, median with its
+min-max range as an error bar (common.stats.paired_ratio); records of different runs are never divided.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402  (after choosing the backend)
 
-from .report import best, metric, order_devices, order_engines, order_presets, select   # noqa: E402
+from .report import metric, newest, order_devices, order_engines, order_presets, same_run, select   # noqa: E402
+from .stats import paired_ratio   # noqa: E402
 
 COLORS = {"hf-generate": "tab:gray", "hf-static": "tab:olive", "hf-generate-nocudnn": "tab:brown"}
 
@@ -35,10 +39,11 @@ def devices(records: list[dict]) -> list[str]:
 
 
 def grid(records: list[dict], key: str) -> tuple[list[str], list[str], dict]:
-    """(presets, engines, {(preset, engine): best record by `key`}) for grouped bars."""
-    presets = order_presets(r["preset"] for r in records if metric(r, key) is not None)
-    engines = order_engines(r["engine"] for r in records if metric(r, key) is not None)
-    cells = {(p, e): best(select(records, preset=p, engine=e), key) for p in presets for e in engines}
+    """(presets, engines, {(preset, engine): newest record with `key`}) for grouped bars."""
+    have = [r for r in records if metric(r, key) is not None]
+    presets = order_presets(r["preset"] for r in have)
+    engines = order_engines(r["engine"] for r in have)
+    cells = {(p, e): newest(select(have, preset=p, engine=e)) for p in presets for e in engines}
     return presets, engines, cells
 
 
@@ -130,25 +135,37 @@ def line_by_engine(records: list[dict], key: str, ax, *, x: str = "concurrency",
                    text: str | None = None, engines: list[str] | None = None) -> None:
     """Metric `key` (times `scale`) against setting[x], one line per engine, log-2 x axis.
 
-    base="hf-generate" plots each engine divided by that engine at the same x (base = dashed 1.0);
-    fmt labels every point; the best record wins where several share (engine, x)."""
+    base="hf-generate" plots each engine over that engine measured in the same run at the same x,
+    per repeat pair: the median, with the min-max range as an error bar (base = dashed 1.0; a
+    point without a same-run base is left out). fmt labels every point; the newest record is
+    drawn where several share (engine, x)."""
     have = [r for r in records if metric(r, key) is not None and setting(r, x) is not None]
     engines = engines or order_engines(r["engine"] for r in have)
     xs = sorted({setting(r, x) for r in have})
 
-    def value(engine, v):
-        return metric(best([r for r in have if r["engine"] == engine and setting(r, x) == v], key), key)
+    def rec(engine, v):
+        return newest([r for r in have if r["engine"] == engine and setting(r, x) == v])
     for engine in [e for e in engines if e != base]:
-        pts = [(v, y / (value(base, v) if base else 1)) for v in xs
-               if (y := value(engine, v)) is not None and (not base or value(base, v))]
-        if pts:
-            ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], marker="o", label=engine,
+        pts = []                                  # (x, y, low, high)
+        for v in xs:
+            mine = rec(engine, v)
+            if mine is None:
+                continue
+            if base is None:
+                y = metric(mine, key)
+                pts.append((v, y, y, y))
+            elif (r := paired_ratio(mine, same_run(have, mine, base) or {}, key)) is not None:
+                pts.append((v, r["median"], r["min"], r["max"]))
+        if not pts:
+            continue
+        vs, ys = [p[0] for p in pts], [scale * p[1] for p in pts]
+        errs = [[scale * (p[1] - p[2]) for p in pts], [scale * (p[3] - p[1]) for p in pts]]
+        ax.errorbar(vs, ys, yerr=errs if base else None, marker="o", capsize=3, label=engine,
                     color=color(engine, engines))
-            for v, y in pts if fmt else []:       # point labels only when asked for
-                ax.annotate(fmt.format(scale * y), (v, scale * y), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+        for v, y in zip(vs, ys) if fmt else []:   # point labels only when asked for
+            ax.annotate(fmt.format(y), (v, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if base:
-        ax.axhline(1.0, color=color(base, engines), linewidth=1, linestyle="--", label=f"{base} = 1")
+        ax.axhline(1.0, color=color(base, engines), linewidth=1, linestyle="--", label=f"{base} = 1 (same run)")
     if xs:
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(v) for v in xs])
@@ -159,32 +176,36 @@ def line_by_engine(records: list[dict], key: str, ax, *, x: str = "concurrency",
     title(ax, text or key, records)
 
 
-def step_split(records: list[dict], ax, *, text: str = "decode step: KV gather vs the rest") -> None:
-    """Stacked bars from "gather" records: each step_ms split into gather_ms (hatched) and the rest,
-    one group per concurrency level, one bar per engine, labelled with the gather's share."""
-    engines = order_engines(r["engine"] for r in records)
-    xs = sorted({setting(r) for r in records})
+def part_of_step(records: list[dict], ax, *, part_key: str = "gather_ms", total_key: str = "step_ms",
+                 x: str = "concurrency", part_label: str = "gather", rest_label: str = "rest of step",
+                 xlabel: str | None = None, ylabel: str = "ms per step",
+                 text: str = "one step: a part vs the rest") -> None:
+    """Stacked bars: each record's `total_key` split into `part_key` (hatched) and the rest, one
+    group per setting[x], one bar per engine, labelled with the part's share of the total."""
+    have = [r for r in records if metric(r, total_key) is not None and metric(r, part_key) is not None]
+    engines = order_engines(r["engine"] for r in have)
+    xs = sorted({setting(r, x) for r in have})
     width = 0.8 / max(len(engines), 1)
     for j, engine in enumerate(engines):
         first = True                        # legend entries once per engine
         for i, v in enumerate(xs):
-            rec = best([r for r in records if r["engine"] == engine and setting(r) == v], "step_ms")
+            rec = newest([r for r in have if r["engine"] == engine and setting(r, x) == v])
             if rec is None:
                 continue
-            step, gather = metric(rec, "step_ms"), metric(rec, "gather_ms")
+            total, part = metric(rec, total_key), metric(rec, part_key)
             pos = i + (j - (len(engines) - 1) / 2) * width
-            ax.bar(pos, gather, width, color=color(engine, engines), hatch="//", edgecolor="black",
-                   label=f"{engine}: gather" if first else None)
-            ax.bar(pos, step - gather, width, bottom=gather, color=color(engine, engines), alpha=0.35,
-                   label=f"{engine}: rest of step" if first else None)
-            ax.annotate(f"{100 * gather / step:.0f}%", (pos, step), ha="center", va="bottom", fontsize=7)
+            ax.bar(pos, part, width, color=color(engine, engines), hatch="//", edgecolor="black",
+                   label=f"{engine}: {part_label}" if first else None)
+            ax.bar(pos, total - part, width, bottom=part, color=color(engine, engines), alpha=0.35,
+                   label=f"{engine}: {rest_label}" if first else None)
+            ax.annotate(f"{100 * part / total:.0f}%", (pos, total), ha="center", va="bottom", fontsize=7)
             first = False
     ax.set_xticks(range(len(xs)), [str(v) for v in xs])
-    ax.set_xlabel("concurrency (sequences in the decode step)")
-    ax.set_ylabel("ms per decode step")
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel(ylabel)
     ax.margins(y=0.15)
     ax.legend(fontsize=8)
-    title(ax, text, records)
+    title(ax, text, have or records)
 
 
 def png_path(records: list[dict], suffix: str = "") -> Path:
