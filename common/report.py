@@ -92,17 +92,19 @@ def with_device_roofline(records: list[dict]) -> list[dict]:
     return out
 
 
-# Settings that describe the workload, not the engine (the parallel mode is named on its own).
-NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "parallel", "world_size"}
+# Engine options that pick a variant of a phase's engine, named by their value ("p04 replica",
+# "p06 flash-attn"); settings that describe the workload; both stay out of the option suffix.
+MODE_OPTIONS = ("parallel", "attention_backend")
+NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "world_size", *MODE_OPTIONS}
 
 
 def engine_label(rec: dict) -> str:
-    """The engine, its parallel mode when it ran over several processes, and any other engine
-    option it ran with: "p04 replica", "p05 lean_step=0". Each label is a column of its own."""
+    """The engine, its variant (parallel mode, attention backend) and any other engine option it
+    ran with: "p04 replica", "p06 flash-attn", "p05 lean_step=0". Each label is a column of its own."""
     setting = rec.get("setting") or {}
-    mode = setting.get("parallel")
+    modes = "".join(f" {setting[k]}" for k in MODE_OPTIONS if setting.get(k) not in (None, "none"))
     options = "".join(f" {k}={v}" for k, v in setting.items() if k not in NOT_ENGINE_OPTIONS)
-    return rec["engine"].split()[0] + ("" if mode in (None, "none") else f" {mode}") + options
+    return rec["engine"].split()[0] + modes + options
 
 
 def is_own(engine: str, phase: str) -> bool:
@@ -299,6 +301,7 @@ HEADLINES = {
     "p03_vectorized_gather": ("concurrency", "llama-1b", {"concurrency": 64}, "p03", "p02", H200),
     "p04_replica_pipeline": ("offline", "tiny-llama", {}, "p04 replica", "p03", "cpu"),
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
+    "p06_paged_attention": ("concurrency", "tiny-llama", {"concurrency": 8}, "p06 torch", "p05", "cpu"),
 }
 
 
