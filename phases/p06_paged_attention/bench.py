@@ -6,13 +6,21 @@ comparisons run at --scale small on tiny-llama, where only the torch backend exi
 
 The previous engine (attention over K/V gathered into a padded batch) against this one with
 each attention backend: flash-attn reads K/V in place through the block tables, torch is the
-exact reference that still gathers. At batch 1 and with 64 requests in flight.
+exact reference that still gathers. At batch 1 and with 64 requests in flight; on a GPU the
+"syncs" part counts a decode step's host-device synchronizations (CUDA's own sync debug mode).
 """
 from __future__ import annotations
 
 import sys
+import warnings
+
+import torch
 
 from common.bench_set import run_parts
+from common.device import device_name
+from common.engines import make_engine
+from common.results import RESULTS, device_tag, provenance, write_records
+from common.sampling import SamplingParams
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p06"
@@ -36,6 +44,48 @@ CPU_PARTS = {
     "latency": compare("--workload", "latency", *SMALL, engines=CPU_ENGINES),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8", *SMALL, engines=CPU_ENGINES),
 }
+
+
+# --- the syncs part: host-device synchronizations per decode step, counted by CUDA itself -------
+SYNC_STEPS, SYNC_BATCH = 16, 8
+
+
+def syncs_per_step(llm) -> float:
+    """Decode steps with 8 requests in flight under torch.cuda.set_sync_debug_mode("warn"), which
+    warns at every synchronizing call: warnings per step (the sampler's fetch of the ids is one)."""
+    params = SamplingParams(temperature=0, max_tokens=SYNC_STEPS + 4, ignore_eos=True)
+    for i in range(SYNC_BATCH):
+        llm.add_request(list(range(100 + i, 164 + i)), params)
+    while llm.scheduler.waiting:
+        llm.step()                                                  # prefill
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(SYNC_STEPS):
+                llm.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    while llm.has_unfinished():
+        llm.step()
+    return sum("synchroniz" in str(w.message) for w in caught) / SYNC_STEPS
+
+
+def sync_count(argv: list[str], make_command: str) -> None:
+    name = device_name("cuda")
+    for backend in ("flash-attn", "torch"):
+        llm = make_engine(ENGINE, "llama-1b", "cuda", "bfloat16", attention_backend=backend, kv_cache_bytes=1 << 30)
+        count = syncs_per_step(llm)
+        rec = {"phase": PHASE, "engine": ENGINE, "workload": "syncs", "preset": "llama-1b", "dtype": "bfloat16",
+               "scale": "full", "device": name, "part": "syncs",
+               "setting": {"batch": SYNC_BATCH, "attention_backend": backend},
+               "metrics": {"syncs_per_step": count}, "provenance": provenance(name) | {"make_command": make_command}}
+        print(f"[bench] {ENGINE} {backend}: {count:g} host-device syncs per decode step (batch {SYNC_BATCH})", flush=True)
+        write_records(RESULTS / PHASE / f"syncs-{device_tag(name)}.json", [rec])
+        del llm
+
+
+GPU_PARTS["syncs"] = sync_count
 
 
 def main(argv: list[str]) -> None:
