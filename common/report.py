@@ -302,6 +302,7 @@ HEADLINES = {
     "p04_replica_pipeline": ("offline", "tiny-llama", {}, "p04 replica", "p03", "cpu"),
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
     "p06_paged_attention": ("concurrency", "tiny-llama", {"concurrency": 8}, "p06 torch", "p05", "cpu"),
+    "p07_triton_decode": ("concurrency", "llama-1b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
 }
 
 
