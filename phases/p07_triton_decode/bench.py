@@ -33,7 +33,8 @@ def kernel(argv: list[str], make_command: str) -> None:
 
 GPU_PARTS = {
     "kernel": kernel,
-    "latency": compare("--workload", "latency", "--presets", "llama-1b"),
+    "latency": compare("--workload", "latency", "--presets", "llama-1b", engines=f"{ENGINES},hf-static"),
+    "latency-8b": compare("--workload", "latency", "--presets", "llama-8b", engines=f"{ENGINES},hf-static"),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,64", "--presets", "llama-1b"),
     "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,64", "--presets", "llama-8b"),
 }

@@ -61,10 +61,11 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
 
 def test_parts_put_the_kernel_beside_flash_attention():
     assert set(bench.CPU_PARTS) == {"kernel"} and callable(bench.GPU_PARTS["kernel"])
-    for name in ("latency", "concurrency", "concurrency-8b"):
+    for name in ("latency", "latency-8b", "concurrency", "concurrency-8b"):
         run = bench.GPU_PARTS[name][0]
-        assert run[run.index("--engines") + 1].split(",") == [
+        assert run[run.index("--engines") + 1].split(",")[:3] == [
             "p06 attention_backend=flash-attn", "p07 attention_backend=triton", "p07 attention_backend=flash-attn"]
+    assert "hf-static" in bench.GPU_PARTS["latency"][0][-1]
 
 
 @pytest.mark.gpu
