@@ -94,8 +94,8 @@ def with_device_roofline(records: list[dict]) -> list[dict]:
 
 # Engine options that pick a variant of a phase's engine, named by their value ("p04 replica",
 # "p06 flash-attn"); settings that describe the workload; both stay out of the option suffix.
-MODE_OPTIONS = ("parallel", "attention_backend")
-NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "world_size", *MODE_OPTIONS}
+MODE_OPTIONS = ("parallel", "attention_backend", "preemption")
+NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "world_size", "kv_cache_bytes", *MODE_OPTIONS}
 
 
 def engine_label(rec: dict) -> str:
@@ -153,7 +153,8 @@ def same_run(records: list[dict], rec: dict | None, engine: str) -> dict | None:
 
 
 def _workload_setting(rec: dict) -> dict:
-    return {k: v for k, v in (rec.get("setting") or {}).items() if k in ("batch", "concurrency", "requests")}
+    return {k: v for k, v in (rec.get("setting") or {}).items() if k in ("batch", "concurrency", "requests",
+                                                                         "kv_cache_bytes")}
 
 
 def phase_engine(phase: str) -> str:
@@ -232,7 +233,7 @@ def varying(records: list[dict], keys=("dtype", "scale")) -> list[str]:
 
 
 # Settings that make rows, not columns: a non-standard offline size, a concurrency level.
-ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}"}
+ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}", "kv_cache_bytes": "KV pool {} bytes"}
 
 
 def row_key(rec: dict, vary: list[str]) -> tuple:
@@ -303,6 +304,7 @@ HEADLINES = {
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
     "p06_paged_attention": ("concurrency", "tiny-llama", {"concurrency": 8}, "p06 torch", "p05", "cpu"),
     "p07_triton_decode": ("concurrency", "llama-1b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
+    "p08_preemption": ("offline", "tiny-llama", {"kv_cache_bytes": 2 << 20}, "p08 recompute", "p07", "cpu"),
 }
 
 

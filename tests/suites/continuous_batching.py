@@ -37,7 +37,7 @@ def check_blocks(llm):
 def check_idle(llm):
     bm = llm.scheduler.block_manager
     assert not llm.has_unfinished() and llm.generators == {}
-    assert bm.num_free_blocks == bm.num_blocks and bm.num_reserved == 0 and bm.reserved == {}
+    assert bm.num_free_blocks == bm.num_blocks and getattr(bm, "num_reserved", 0) == 0   # (phases that reserve)
 
 
 def run_staggered(llm, prompts, params, arrivals):

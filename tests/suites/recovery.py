@@ -51,7 +51,7 @@ def _assert_idle(llm):
         return                                   # serial engine: each call owns its own cache
     scheduler, blocks = llm.scheduler, llm.scheduler.block_manager
     assert not scheduler.waiting and not scheduler.running
-    assert blocks.num_free_blocks == blocks.num_blocks and blocks.num_reserved == 0
+    assert blocks.num_free_blocks == blocks.num_blocks and getattr(blocks, "num_reserved", 0) == 0
     assert not llm.generators
 
 
