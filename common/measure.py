@@ -43,6 +43,9 @@ def throughput_sample(engine, work, device: str) -> dict:
     sample = {"output_tok_s": out_tokens / wall, "total_tok_s": (out_tokens + work.prompt_tokens) / wall,
               "requests_per_s": len(outs) / wall, "wall_s": wall,
               "ttft_s_p50": sorted(o.ttft for o in outs)[len(outs) // 2]}
+    # Little's law: the requests decoding at a time, on average, is the sum of their decode spans
+    # (first to last token) over the wall time. Engine-agnostic: it needs only the token times.
+    sample["mean_in_flight"] = sum(o.token_times[-1] - o.token_times[0] for o in outs if o.token_times) / wall
     itls = sorted(x for o in outs for x in o.itl)
     if itls:   # with every request in flight, one inter-token latency is one decode step
         sample["itl_ms_p50"] = 1e3 * itls[len(itls) // 2]

@@ -47,6 +47,7 @@ def test_offline_small_counts_every_token(tmp_path):
     assert m["output_tokens"] == work.output_tokens and m["prompt_tokens"] == work.prompt_tokens
     for sample in rec["samples"]:
         assert sample["output_tok_s"] == pytest.approx(m["output_tokens"] / sample["wall_s"])
+        assert 0 < sample["mean_in_flight"] <= 1.0 + 1e-9       # a serial engine decodes one at a time
 
 
 def test_rerun_replaces_record_with_same_key(tmp_path):
