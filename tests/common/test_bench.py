@@ -145,7 +145,7 @@ def test_offline_warm_up_reaches_every_replica():
 
         def generate(self, prompts, params, use_tqdm=False):
             self.calls.append(len(prompts))
-            return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.0, "itl": []})() for p in params]
+            return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.0, "itl": [], "token_times": [0.0, 1e-3]})() for p in params]
 
     work, engine = workloads.offline("small"), Recorder()
     measure.warm_up(engine, work)
