@@ -8,27 +8,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.sampling import SamplingParams
-from tests.suites.vectorized_gather import decoding, run_staggered
+# The previous phase's tokens, token for token (mixed lengths, staggered arrivals, greedy and
+# seeded sampling): the shared test, run here with PHASE and PREVIOUS below.
+from tests.suites.vectorized_gather import decoding, test_same_tokens_as_previous_phase  # noqa: F401
 
 PHASE, PREVIOUS = "p06_paged_attention", "p05_decode_profiling"
 engine = importlib.import_module(f"phases.{PHASE}")
 backends = importlib.import_module(f"phases.{PHASE}.attention_backends")
 Sequence = importlib.import_module(f"phases.{PHASE}.sequence").Sequence
 OPTIONS = dict(device="cpu", dtype="float32", block_size=4, cpu_kv_cache_bytes=1 << 20)
-
-
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
-def test_same_tokens_as_the_previous_phase(preset, prompts_for):
-    """Mixed lengths, staggered arrivals, greedy and seeded sampled requests: token for token."""
-    prompts = prompts_for(preset)
-    params = [SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
-              SamplingParams(temperature=0.8, top_p=0.9, max_tokens=40, seed=5, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)]
-    arrivals = {0: [3], 1: [0], 4: [1, 2]}
-    previous = importlib.import_module(f"phases.{PREVIOUS}").LLM
-    new = run_staggered(engine.LLM(preset, **OPTIONS), prompts, params, arrivals)
-    assert new == run_staggered(previous(preset, **OPTIONS), prompts, params, arrivals)
 
 
 def reference_decode(q, k_pages, v_pages, tables, lens):
