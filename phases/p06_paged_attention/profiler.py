@@ -98,7 +98,8 @@ def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_
     for batch in batch_sizes:
         trace = out_dir / f"trace-{tag}-b{batch}.json.gz" if out_dir else None
         summary, samples = profile_batch(llm, batch, steps, timed_steps, warmup, scale, bandwidth, trace)
-        setting = {"batch": batch} | {k: v for k, v in engine_options.items() if k not in ("device", "dtype")}
+        setting = {"batch": batch} | {k: v for k, v in engine_options.items() if k not in ("device", "dtype")} \
+            | {"attention_backend": llm.config.attention_backend}    # the one "auto" resolved to
         records.append(record(llm, model, scale, setting, summary, samples, bandwidth, trace))
         if out_dir:
             write_records(out_dir / f"profile-{tag}.json", records[-1:])

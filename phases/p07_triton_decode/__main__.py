@@ -54,8 +54,8 @@ def profile(args) -> None:
     if args.parallel != "none":
         raise ValueError("--profile runs one in-process engine: drop --parallel")
     gpu = (args.device or default_device()).startswith("cuda")
-    options = parse_engine_options(args.engine_options) | {"device": args.device, "dtype": args.dtype,
-                                                            "attention_backend": args.attention_backend}
+    options = {"device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend} \
+        | parse_engine_options(args.engine_options)                # --engine-options win
     out = Path(args.out or RESULTS / PHASE)
     records = profile_decode(args.model or ("llama-1b" if gpu else "tiny-llama"), parse_batches(args.batch),
                              steps=args.steps, timed_steps=args.timed_steps, out_dir=out,
