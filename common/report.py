@@ -94,7 +94,7 @@ def with_device_roofline(records: list[dict]) -> list[dict]:
 
 # Engine options that pick a variant of a phase's engine, named by their value ("p04 replica",
 # "p06 flash-attn"); settings that describe the workload; both stay out of the option suffix.
-MODE_OPTIONS = ("parallel", "attention_backend", "preemption")
+MODE_OPTIONS = ("parallel", "attention_backend", "preemption", "server")
 NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "world_size", "kv_cache_bytes", *MODE_OPTIONS}
 
 
@@ -302,9 +302,9 @@ HEADLINES = {
     "p03_vectorized_gather": ("concurrency", "llama-1b", {"concurrency": 64}, "p03", "p02", H200),
     "p04_replica_pipeline": ("offline", "tiny-llama", {}, "p04 replica", "p03", "cpu"),
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
-    "p06_paged_attention": ("concurrency", "tiny-llama", {"concurrency": 8}, "p06 torch", "p05", "cpu"),
+    "p06_paged_attention": ("concurrency", "llama-1b", {"concurrency": 64}, "p06 flash-attn", "p05", H200),
     "p07_triton_decode": ("concurrency", "llama-1b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
-    "p08_preemption": ("offline", "tiny-llama", {"kv_cache_bytes": 2 << 20}, "p08 recompute", "p07", "cpu"),
+    "p08_preemption": ("offline", "llama-1b", {"kv_cache_bytes": 2 << 30}, "p08 recompute", "p07", H200),
 }
 
 
