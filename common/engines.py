@@ -24,14 +24,19 @@ def phase_folder(name: str) -> str:
 
 def make_engine(name: str, preset: str, device: str, dtype: str, **options):
     """Build an engine with the common generate() API; benchmarks skip detokenizing. A phase's
-    engine over worker processes (options parallel="replica" | "pipeline") is its ParallelLLM."""
+    engine over worker processes (options parallel="replica" | "pipeline") is its ParallelLLM; the
+    engine behind its HTTP server (option server="http", phase 09 on) is its ServedLLM."""
     if name in HF_ENGINES:
         from .hf_reference import HFEngine
         return HFEngine(preset, **HF_ENGINES[name], device=device, dtype=dtype,
                         detokenize=False, **options)
     module = importlib.import_module(f"phases.{phase_folder(name)}")
     engine = module.LLM
-    if options.get("parallel", "none") != "none":
+    if options.get("server", "none") != "none":      # phase 09 on: the engine behind its HTTP server
+        engine = getattr(module, "ServedLLM", None)
+        if engine is None:
+            raise ValueError(f"{name} has no HTTP server (phase 09 on): drop server=")
+    elif options.get("parallel", "none") != "none":
         engine = getattr(module, "ParallelLLM", None)
         if engine is None:
             raise ValueError(f"{name} has no engine over worker processes: drop parallel=")

@@ -19,19 +19,23 @@ class Tokenizer:
         return self.hf(text, add_special_tokens=True).input_ids
 
     def chat_ids(self, user_message: str, system: str | None = None) -> list[int]:
-        """Token ids of a one-turn chat, ending with the assistant header.
+        """Token ids of a one-turn chat, ending with the assistant header."""
+        return self.messages_ids(([{"role": "system", "content": system}] if system else [])
+                                 + [{"role": "user", "content": user_message}])
+
+    def messages_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation ([{"role", "content"}, ...]) through the model's chat
+        template, ending with the assistant header (the model writes the next turn).
 
         Only the template's own markers become control tokens. Message text is encoded as plain
         text, so a user who types "<|im_end|>" gets those characters, not the end-of-turn token
         (which would let them end their turn and write the assistant's or system's part)."""
         if not self.hf.chat_template:
-            raise ValueError("this tokenizer has no chat template; drop --chat")
-        contents = ([system] if system else []) + [user_message]
-        roles = (["system"] if system else []) + ["user"]
-        holders = [f"\x00message{i}\x00" for i in range(len(contents))]   # in no template
-        messages = [{"role": r, "content": h} for r, h in zip(roles, holders)]
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self._encode_template(text, dict(zip(holders, contents)))
+            raise ValueError("this tokenizer has no chat template")
+        holders = [f"\x00message{i}\x00" for i in range(len(messages))]   # in no template
+        placed = [{"role": m["role"], "content": h} for m, h in zip(messages, holders)]
+        text = self.hf.apply_chat_template(placed, add_generation_prompt=True, tokenize=False)
+        return self._encode_template(text, {h: m["content"] for h, m in zip(holders, messages)})
 
     def _encode_template(self, text: str, fill: dict[str, str]) -> list[int]:
         """Encode a rendered template whose message texts are still placeholders. The tokenizer

@@ -1,0 +1,9 @@
+"""The engine behind an OpenAI-compatible HTTP server: an engine loop in its own process, streamed replies."""
+from .async_engine import AsyncLLM
+from .engine import LLM
+from .profiler import profile_decode
+from .router import ParallelLLM
+from .served import ServedLLM
+from .server import build_app
+
+__all__ = ["AsyncLLM", "LLM", "ParallelLLM", "ServedLLM", "build_app", "profile_decode"]
