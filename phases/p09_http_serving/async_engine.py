@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
-import queue
 import threading
 import time
 import weakref
@@ -65,10 +64,12 @@ class AsyncLLM:
         self.tokenizer = self.source.tokenizer
         self.model = model
         ctx = mp.get_context("spawn")            # fork would copy this process's threads and CUDA state
-        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
+        self.inbox = ctx.Queue()                 # its feeder thread: submit() never blocks the event loop
+        self.outbox, loop_end = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=engine_loop.main, name="engine-loop", daemon=True,
-                                args=(model, options, self.inbox, self.outbox))
+                                args=(model, options, self.inbox, loop_end))
         self.proc.start()
+        loop_end.close()                         # the engine process holds the only sending end
         self._finalizer = weakref.finalize(self, stop_process, self.proc, self.inbox, self.outbox)
         self.limits = self._wait_ready()
         self.capacity = self.limits["max_num_seqs"] + max_waiting
@@ -83,12 +84,11 @@ class AsyncLLM:
     def _wait_ready(self) -> dict:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            try:
-                kind, payload = self.outbox.get(timeout=POLL_S)
-            except queue.Empty:
+            if not self.outbox.poll(POLL_S):
                 if not self.proc.is_alive():
                     raise RuntimeError(f"the engine process exited with code {self.proc.exitcode} while starting")
                 continue
+            kind, payload = self.outbox.recv()
             if kind == "error":
                 raise RuntimeError(f"the engine process failed to start:\n{payload}")
             return payload
@@ -161,13 +161,14 @@ class AsyncLLM:
         """Reader thread: forward every message of the engine process to the event loop."""
         while True:
             try:
-                msg = self.outbox.get(timeout=POLL_S)
-            except queue.Empty:
+                msg = self.outbox.recv() if self.outbox.poll(POLL_S) else None
+            except (EOFError, OSError):          # the engine process is gone (its end closed)
+                msg = None
+            if msg is None:
                 if self.proc.is_alive():
                     continue
+                self.proc.join()
                 msg = ("dead", f"the engine process exited with code {self.proc.exitcode}")
-            except (EOFError, OSError):          # the queue was closed: shutting down
-                return
             try:
                 self.loop.call_soon_threadsafe(self._deliver, msg)
             except RuntimeError:                 # the event loop is closed: shutting down
@@ -226,6 +227,6 @@ def stop_process(proc, inbox, outbox) -> None:
     if proc.is_alive():
         proc.terminate()
         proc.join(timeout=5)
-    for q in (inbox, outbox):              # release their pipes and semaphores now, not at exit
-        q.close()
-        q.cancel_join_thread()
+    inbox.close()                          # release the pipes and semaphores now, not at exit
+    inbox.cancel_join_thread()
+    outbox.close()

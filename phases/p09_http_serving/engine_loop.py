@@ -3,10 +3,12 @@
 The engine (engine.py) is synchronous: step() blocks for a whole forward pass. A server must keep
 answering while that happens, and its own Python work (HTTP parsing, JSON, one SSE chunk per token
 per request) must not slow the steps. So the engine runs in a process of its own, with its own
-interpreter lock, and talks to the server through two queues:
+interpreter lock, and talks to the server through a queue and a pipe:
 
-  inbox  (server -> loop): ("add", key, prompt_ids, SamplingParams) | ("abort", key) | ("stop",)
-  outbox (loop -> server): ("ready", limits)
+  inbox  (server -> loop, a multiprocessing Queue: the server never blocks on a busy engine): ("add", key, prompt_ids, SamplingParams) | ("abort", key) | ("stop",)
+  outbox (loop -> server, a Pipe: sent from the loop's own thread, no feeder thread taking turns
+                           with the step for the interpreter lock):
+                           ("ready", limits)
                            ("added", key) | ("invalid", key, message)     one per "add", at once
                            ("step", [(key, new ids, their times, finished)...], gauges)
                            ("gauges", gauges)                             after aborts on an idle engine
@@ -36,9 +38,9 @@ def main(model: str, options: dict, inbox, outbox) -> None:
     try:
         llm = LLM(model, **options)
     except BaseException:                          # noqa: BLE001 - the server reports it and exits
-        outbox.put(("error", traceback.format_exc()))
+        outbox.send(("error", traceback.format_exc()))
         return
-    outbox.put(("ready", limits(llm)))
+    outbox.send(("ready", limits(llm)))
     EngineLoop(llm, inbox, outbox).run()
 
 
@@ -79,16 +81,16 @@ class EngineLoop:
             try:
                 request_id = self.llm.add_request(prompt_ids, params)
             except ValueError as e:                     # over the context, over the pool, bad ids
-                self.outbox.put(("invalid", key, str(e)))
+                self.outbox.send(("invalid", key, str(e)))
                 return
             self.live[key] = (request_id, 0)
-            self.outbox.put(("added", key))
+            self.outbox.send(("added", key))
         elif msg[0] == "abort":
             entry = self.live.pop(msg[1], None)
             if entry is not None:
                 self.llm.abort_request(entry[0])        # its KV blocks are free from here on
                 if not self.llm.has_unfinished():
-                    self.outbox.put(("gauges", self.gauges()))
+                    self.outbox.send(("gauges", self.gauges()))
 
     def _step(self) -> None:
         try:
@@ -98,9 +100,9 @@ class EngineLoop:
             for request_id, _ in self.live.values():
                 self.llm.abort_request(request_id)
             self.live.clear()
-            self.outbox.put(("failed", keys, f"{type(e).__name__}: {e}"))
+            self.outbox.send(("failed", keys, f"{type(e).__name__}: {e}"))
             return
-        self.outbox.put(("step", self._deltas(finished), self.gauges()))
+        self.outbox.send(("step", self._deltas(finished), self.gauges()))
 
     def _deltas(self, finished: dict) -> list[tuple]:
         """Each live request's tokens since the last message, and how it ended if it did."""
