@@ -80,7 +80,8 @@ def die_with_parent() -> None:
 
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        proc.terminate()                   # uvicorn shuts down; the engine process goes with it
+        proc.send_signal(signal.SIGINT)    # as Ctrl-C: uvicorn shuts down, then Python exits cleanly
+                                           # (after SIGTERM uvicorn re-raises it: no exit handlers run)
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:

@@ -43,6 +43,8 @@ def build_app(engine: AsyncLLM, model_name: str, max_body_bytes: int = MAX_BODY_
     async def lifespan(app):
         engine.start()                      # binds the engine's reader to this event loop
         yield
+        engine.shutdown()                   # here, not after uvicorn.run(): on SIGTERM uvicorn
+                                            # re-raises the signal once it has shut down
 
     app = FastAPI(title="mini-infer", lifespan=lifespan)
 
