@@ -40,7 +40,7 @@ $(STAMP): requirements.txt
 	touch $@
 
 setup: $(STAMP)
-	$(PY) -c "from common.smollm2 import converted_dir; print('SmolLM2 ready in', converted_dir())"
+	@$(PY) -c "import sys; from common.smollm2 import converted_dir; print('SmolLM2 ready in', converted_dir(), file=sys.stderr)"
 
 # --- one phase: make phase-NN run|bench|test|profile -------------------------------------
 PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
@@ -52,7 +52,7 @@ ARGS ?=
 $(PHASE_GOAL): setup
 	@test -n "$(PHASE)" || { echo "no phase folder matches $(PHASE_GOAL)"; ls phases; exit 2; }
 ifeq ($(ACTION),run)
-	$(PY) -m phases.$(PHASE) --chat $(ARGS)
+	@$(PY) -m phases.$(PHASE) --chat $(ARGS)
 else ifeq ($(ACTION),bench)
 	$(PY) -m phases.$(PHASE).bench $(if $(PART),--part $(PART)) $(ARGS)
 else ifeq ($(ACTION),test)
@@ -74,7 +74,7 @@ run bench test profile serve kernel:
 	@:
 else
 run: setup
-	$(PY) -m phases.$(NEWEST) --chat --prompt "What is the capital of France?" $(ARGS)
+	@$(PY) -m phases.$(NEWEST) --chat $(ARGS)
 
 test: setup
 	$(PY) -m pytest tests $(ARGS)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -40,18 +41,21 @@ class LLM:
     def tokenizer(self):
         return self.source.tokenizer
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
-        """prompts: a str, a list of token ids, or a list of either. Outputs keep their order."""
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = False,
+                 on_token: Callable[[list[int]], None] | None = None) -> list[Output]:
+        """prompts: a str, a list of token ids, or a list of either. Outputs keep their order.
+        on_token(output ids so far) runs after every token but a request's last: a serial engine's
+        way to stream (later phases have a step API instead)."""
         requests = prepare_requests(prompts, sampling_params, self._encode,
                                     self.model_config.vocab_size, self.max_model_len, self.detokenize)
         now = time.perf_counter()   # offline: every request arrives now
         seqs = [Sequence(i, ids, p, now) for i, (ids, p) in enumerate(requests)]
         for seq in tqdm(seqs, disable=not use_tqdm, desc="requests"):
-            self._run(seq)
+            self._run(seq, on_token)
         return [self._output(seq) for seq in seqs]
 
     @torch.inference_mode()
-    def _run(self, seq: Sequence) -> None:
+    def _run(self, seq: Sequence, on_token=None) -> None:
         """Prefill the prompt, then decode one token per forward until the request finishes."""
         cache = KVCache(self.model_config, seq.max_len, self.device, self.dtype)
         generator = make_generator(seq.params, self.device)
@@ -64,6 +68,8 @@ class LLM:
                        self.source.eos_token_ids, self._detokenize)
             if seq.finished:
                 return
+            if on_token:
+                on_token(seq.output_ids)
             start += tokens.shape[0]
             tokens = next_token
 

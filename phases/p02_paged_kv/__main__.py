@@ -1,5 +1,6 @@
 """Command line: generate or chat with this phase's engine.
 
+  python -m phases.<phase> --chat                 # a chat; piped input: one turn per line
   python -m phases.<phase> --chat --prompt "What is the capital of France?"
 """
 from __future__ import annotations
@@ -7,16 +8,21 @@ from __future__ import annotations
 import argparse
 import time
 
+from common.chat import chat
 from common.sampling import SamplingParams
 
 from .engine import LLM
+
+DEFAULT_PROMPT = "What is the capital of France?"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Generate text with this phase's engine.")
     p.add_argument("--model", default="smollm2-135m", help="preset name or local HF directory")
-    p.add_argument("--prompt", default="What is the capital of France?")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--prompt", default=None, help="one answer to this prompt (without --chat, "
+                   f"the default is {DEFAULT_PROMPT!r})")
+    p.add_argument("--chat", action="store_true", help="use the chat template; without --prompt, "
+                   "chat turn by turn (from a pipe: one turn per line)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -34,7 +40,10 @@ def main(argv=None) -> None:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
         llm = LLM(args.model, device=args.device, dtype=args.dtype)
-        prompt = llm.tokenizer.chat_ids(args.prompt) if args.chat else args.prompt
+        if args.chat and args.prompt is None:
+            return chat(llm, params)
+        prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+        prompt = llm.tokenizer.chat_ids(prompt) if args.chat else prompt
         start = time.perf_counter()
         out = llm.generate(prompt, params)[0]
     except ValueError as e:

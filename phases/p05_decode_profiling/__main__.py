@@ -1,5 +1,6 @@
 """Command line: generate or chat with this phase's engine.
 
+  python -m phases.<phase> --chat                 # a chat; piped input: one turn per line
   python -m phases.<phase> --chat --prompt "What is the capital of France?"
   python -m phases.<phase> --parallel pipeline --world-size 2 --prompt "Once upon a time"
   python -m phases.<phase> --profile --preset llama-1b --batch 1,64 --steps 3
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from common.bench import parse_engine_options
+from common.chat import chat
 from common.device import default_device
 from common.results import RESULTS
 from common.sampling import SamplingParams
@@ -19,13 +21,17 @@ from .engine import LLM
 from .profiler import PHASE, profile_decode
 from .router import ParallelLLM
 
+DEFAULT_PROMPT = "What is the capital of France?"
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Generate text with this phase's engine.")
     p.add_argument("--model", "--preset", default=None, help="preset name or local HF directory (default: "
                    "smollm2-135m; with --profile llama-1b on a GPU, tiny-llama on a CPU)")
-    p.add_argument("--prompt", default="What is the capital of France?")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--prompt", default=None, help="one answer to this prompt (without --chat, "
+                   f"the default is {DEFAULT_PROMPT!r})")
+    p.add_argument("--chat", action="store_true", help="use the chat template; without --prompt, "
+                   "chat turn by turn (from a pipe: one turn per line)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -88,7 +94,10 @@ def main(argv=None) -> None:
                                 max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
         options = dict(device=args.device, dtype=args.dtype, parallel=args.parallel, world_size=args.world_size)
         llm = (LLM if args.parallel == "none" else ParallelLLM)(args.model or "smollm2-135m", **options)
-        prompt = llm.tokenizer.chat_ids(args.prompt) if args.chat else args.prompt
+        if args.chat and args.prompt is None:
+            return chat(llm, params)
+        prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+        prompt = llm.tokenizer.chat_ids(prompt) if args.chat else prompt
         start = time.perf_counter()
         out = llm.generate(prompt, params)[0]
     except ValueError as e:

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from common.detokenizer import IncrementalDetokenizer
+from common.detokenizer import ReplyText
 
 from . import openai_protocol as oai
 from .async_engine import AsyncLLM, EngineDead, Overloaded
@@ -90,7 +90,7 @@ def build_app(engine: AsyncLLM, model_name: str, max_body_bytes: int = MAX_BODY_
         reqs = await submit_all(engine, choices, "messages" if chat else "prompt")
         rid, prompt_tokens = oai.new_id(chat), sum(len(ids) for ids in prompts) * p.n
         if p.stream:
-            texts = {index: ChoiceText(engine.tokenizer, p.params.stop) for index, _, _ in choices}
+            texts = {index: ReplyText(engine.tokenizer, p.params.stop) for index, _, _ in choices}
             events = stream_events(engine, reqs, texts, rid, model_name, chat, p, prompt_tokens)
             return EventSourceResponse(events, ping=15)
         reply = await whole_reply(request, engine, reqs, rid, model_name, chat, prompt_tokens, p.return_token_ids)
@@ -144,29 +144,6 @@ async def submit_all(engine: AsyncLLM, choices: list, param: str) -> list:
     raise e
 
 
-class ChoiceText:
-    """The text of one choice as it streams. Pieces come from an incremental detokenizer; the last
-    len(longest stop string) - 1 characters are held back (they may be the start of a stop string,
-    which must never reach the client); at the end the engine's final text, cut at the stop
-    string, settles the rest. So the streamed pieces always add up to the final text."""
-
-    def __init__(self, tokenizer, stop: list[str]):
-        self.detok = IncrementalDetokenizer(tokenizer)
-        self.hold = max((len(s) for s in stop), default=1) - 1
-        self.sent = ""
-
-    def add(self, token_id: int, final_text: str | None = None) -> str:
-        """The text this token releases. final_text: given with the request's last token, the
-        engine's whole text (cut at a stop string): whatever of it was not sent yet."""
-        if final_text is not None:
-            piece = final_text[len(self.sent):] if final_text.startswith(self.sent) else ""
-        else:
-            self.detok.add(token_id)
-            piece = self.detok.text[len(self.sent):max(len(self.sent), len(self.detok.text) - self.hold)]
-        self.sent += piece
-        return piece
-
-
 async def merged(engine: AsyncLLM, reqs: list):
     """(choice index, delta) of every request as they come. Leaving early aborts them all."""
     if len(reqs) == 1:                      # the common case: no extra task per token
@@ -207,7 +184,7 @@ async def stream_events(engine, reqs, texts, rid, model, chat, p: oai.Parsed, pr
             async for index, delta in deltas:
                 for k, token in enumerate(delta.token_ids):
                     last = delta.finish is not None and k == len(delta.token_ids) - 1
-                    piece = texts[index].add(token, delta.finish[1] if last else None)
+                    piece = texts[index].finish(delta.finish[1]) if last else texts[index].add([token])
                     reason = delta.finish[0] if last else None
                     ids = [token] if p.return_token_ids else None
                     yield sse(oai.chunk(rid, model, chat, index, piece, reason, index not in started, ids))

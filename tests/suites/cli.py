@@ -1,6 +1,7 @@
 """The command line (`make phase-NN run`): answers, and turns bad input into a one-line error."""
 from __future__ import annotations
 
+import io
 
 import pytest
 
@@ -15,6 +16,16 @@ def test_cli_generates_and_reports(capsys, cli):
 def test_cli_chat_answers_on_the_real_model(capsys, cli):
     cli.main(["--chat", "--prompt", "What is the capital of France?", "--max-tokens", "20", "--device", "cpu"])
     assert "Paris" in capsys.readouterr().out
+
+
+def test_cli_chat_without_prompt_takes_turns_from_piped_stdin(capsys, cli, monkeypatch):
+    """`--chat` without --prompt is the chat of `make run`; piped, each line is a turn and stdout
+    holds the replies only (common/chat.py has the full tests)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n/reset\nHi again\n"))
+    cli.main(["--model", "tiny-llama", "--chat", "--max-tokens", "3", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert captured.out.endswith("\n") and "tok/s" not in captured.out
+    assert captured.err == "[history cleared]\n"
 
 
 @pytest.mark.parametrize("args,message", [

@@ -1,0 +1,147 @@
+"""common/chat.py, the chat behind `make run`: on the real SmolLM2 (fp32, CPU), through the serial
+engine (phase 01, which streams from its decode loop) and a step-API engine (phase 08)."""
+from __future__ import annotations
+
+import builtins
+import importlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.chat import TextStream, chat, check_streamable, stream_reply
+from common.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = SamplingParams(temperature=0, max_tokens=16)
+FRANCE, GERMANY = "What is the capital of France?", "And of Germany?"
+CHINESE = "请用中文回答：你好吗？"       # greedy reply: Chinese, then emoji, cut mid-character at 16 tokens
+
+
+@pytest.fixture(scope="module", params=["p01_serial_decode", "p08_preemption"])
+def engine(request):
+    return importlib.import_module(f"phases.{request.param}").LLM("smollm2-135m", device="cpu")
+
+
+def piped_chat(engine, lines: list[str], stdout=None) -> tuple[str, str]:
+    """Run a chat whose standard input is a pipe holding these lines; return (stdout, stderr)."""
+    stdout, stderr = stdout or io.StringIO(), io.StringIO()
+    chat(engine, PARAMS, io.StringIO("".join(line + "\n" for line in lines)), stdout, stderr)
+    return stdout.getvalue(), stderr.getvalue()
+
+
+def generate_reply(engine, messages: list[tuple[str, str]]) -> str:
+    """What generate() answers to this conversation, templated the same way."""
+    ids = engine.tokenizer.messages_ids([{"role": r, "content": c} for r, c in messages])
+    return engine.generate(ids, PARAMS)[0].text
+
+
+def test_piped_session_gives_generates_replies(engine):
+    """Each line is a turn, /reset forgets, and stdout holds the replies only, one per line."""
+    out, err = piped_chat(engine, [FRANCE, GERMANY, "/reset", CHINESE])
+    first = generate_reply(engine, [("user", FRANCE)])
+    second = generate_reply(engine, [("user", FRANCE), ("assistant", first), ("user", GERMANY)])
+    third = generate_reply(engine, [("user", CHINESE)])
+    assert "Paris" in first and "Berlin" in second
+    assert out == f"{first}\n{second}\n{third}\n"
+    assert err == "[history cleared]\n"
+
+
+@pytest.mark.parametrize("prompt,stop", [(CHINESE, []), (FRANCE, ["Paris"])])
+def test_streamed_text_is_the_final_text(engine, prompt, stop):
+    """Pieces never hold half a character (or the start of a stop string), and they add up to
+    Output.text exactly, also when the last token leaves a character unfinished."""
+    params = SamplingParams(temperature=0, max_tokens=16, stop=stop)
+    pieces = []
+    stream = TextStream(engine.tokenizer, pieces.append, stop)
+    out = stream_reply(engine, engine.tokenizer.chat_ids(prompt), params, stream.update)
+    streamed = len(pieces)
+    stream.finish(out.text)
+    assert "".join(pieces) == out.text and streamed > 1
+    assert not any("\ufffd" in p or "Paris" in p for p in pieces[:streamed])
+    if not stop:   # the reply really splits characters over tokens
+        assert any("\u4e00" <= ch <= "\u9fff" for ch in out.text)
+        assert any(engine.tokenizer.decode(out.token_ids[:k]).endswith("\ufffd") for k in range(len(out.token_ids)))
+
+
+class CtrlCOnce(io.StringIO):
+    """A terminal whose user presses Ctrl-C while the at-th piece of text is written."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.writes = at, 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        if self.writes == self.at:
+            raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_the_session(engine):
+    """The stopped reply keeps what was shown, the engine is idle again, the next turn is answered."""
+    out, err = piped_chat(engine, [FRANCE, GERMANY], stdout=CtrlCOnce(at=3))
+    partial = out.split("\n")[0]
+    assert partial and partial in generate_reply(engine, [("user", FRANCE)])
+    second = generate_reply(engine, [("user", FRANCE), ("assistant", partial), ("user", GERMANY)])
+    assert out == f"{partial}\n{second}\n"
+    assert err == "[stopped after 3 tokens]\n"
+    if hasattr(engine, "scheduler"):   # the stopped request gave its KV blocks back
+        assert not engine.has_unfinished()
+        assert engine.scheduler.block_manager.num_free_blocks == engine.cache.num_blocks
+
+
+def test_history_longer_than_the_context_drops_the_oldest_turns(engine, monkeypatch):
+    """A too-long message is refused with a note; a too-long history loses its oldest exchange."""
+    alone = len(engine.tokenizer.messages_ids([{"role": "user", "content": GERMANY}]))
+    monkeypatch.setattr(engine, "max_model_len", alone + PARAMS.max_tokens + 8)
+    out, err = piped_chat(engine, [FRANCE, "word " * 200, GERMANY])
+    assert out == f"{generate_reply(engine, [('user', FRANCE)])}\n{generate_reply(engine, [('user', GERMANY)])}\n"
+    refused, dropped = err.splitlines()
+    assert refused.startswith("[this message takes") and "shorten it or lower --max-tokens" in refused
+    assert dropped == "[the conversation outgrew the context: dropped the oldest 1 exchange(s)]"
+
+
+def test_exit_ends_the_session(engine):
+    assert piped_chat(engine, ["/exit", FRANCE]) == ("", "")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_session_shows_prompt_footer_and_survives_ctrl_c_at_the_prompt(engine, monkeypatch):
+    typed = iter([FRANCE, KeyboardInterrupt, EOFError])
+
+    def fake_input(prompt: str) -> str:
+        answer = next(typed)
+        if isinstance(answer, type):
+            raise answer
+        return answer
+    monkeypatch.setattr(builtins, "input", fake_input)
+    stdout = io.StringIO()
+    chat(engine, PARAMS, Terminal(), stdout, io.StringIO())
+    lines = stdout.getvalue().splitlines()
+    assert lines[0].startswith("Chat with smollm2-135m.") and "/reset" in lines[0]
+    assert lines[1] == generate_reply(engine, [("user", FRANCE)])
+    assert lines[2].startswith("[") and "tok/s, TTFT" in lines[2]
+    assert "Ctrl-C stops a reply" in lines[4]          # after Ctrl-C at the prompt; then Ctrl-D ends
+
+
+def test_engine_without_step_api_is_refused_clearly():
+    with pytest.raises(ValueError, match="drop --parallel, or pass --prompt"):
+        check_streamable(object())
+
+
+def test_piped_command_line_answers_and_exits_0_at_eof():
+    """`echo ... | python -m phases.<phase> --chat`: the reply on stdout, nothing else, exit code 0."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "phases.p08_preemption", "--chat", "--max-tokens", "16",
+                           "--device", "cpu"], input=FRANCE + "\n", capture_output=True, text=True,
+                          encoding="utf-8", env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout and done.stdout.count("\n") == 1
