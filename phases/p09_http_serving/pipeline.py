@@ -173,6 +173,7 @@ class PipelineHead(StageEngine):
         """A new request joins the group with fewer requests."""
         min(self.groups, key=lambda g: len(g.waiting) + len(g.running) + len(g.swapped)).add(seq)
         self.generators[seq.seq_id] = make_generator(seq.params, self.device)
+        self.requests[seq.seq_id] = seq
         return seq.seq_id
 
     def step(self):
