@@ -306,6 +306,7 @@ HEADLINES = {
     "p07_triton_decode": ("concurrency", "llama-1b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
     "p08_preemption": ("offline", "llama-1b", {"kv_cache_bytes": 2 << 30}, "p08 recompute", "p07", H200),
     "p09_http_serving": ("concurrency", "llama-1b", {"concurrency": 64}, "p09 http", "p09", H200),
+    "p10_review": ("concurrency", "tiny-llama", {"concurrency": 32}, "p10", "p09", "cpu"),
 }
 
 

@@ -1,0 +1,9 @@
+"""The whole engine, reviewed: HTTP server, engine loop, scheduler with one token budget per step, paged KV, one step metadata for prefill and decode."""
+from .async_engine import AsyncLLM
+from .engine import LLM
+from .profiler import profile_decode
+from .router import ParallelLLM
+from .served import ServedLLM
+from .server import build_app
+
+__all__ = ["AsyncLLM", "LLM", "ParallelLLM", "ServedLLM", "build_app", "profile_decode"]

@@ -1,0 +1,4 @@
+"""p10_review: greedy exact match against HF, EOS handling, per-token timestamps (the shared suite tests/suites/correctness.py)."""
+from tests.suites.correctness import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p10_review"
