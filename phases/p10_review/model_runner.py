@@ -51,11 +51,13 @@ class ModelRunner:
         # (B, width) block ids, short tables padded with block 0: past a sequence's context
         # length nothing reads them (the torch reference masks what its gather copies).
         tables = [b for seq in seqs for b in seq.block_table + [0] * (width - len(seq.block_table))]
-        ids, pos, slot, last, cu, lens, table = self.upload(
-            tokens, positions, slots, last_rows, cu_seqlens_q, context_lens, tables)
-        step = self._context(plan.is_prefill, pos, slot, last, cu_seqlens_q=cu.int(), cu_seqlens_q_host=cu_seqlens_q,
-                             max_query_len=max(num_new_tokens), context_lens=lens.int(),
-                             max_context_len=max(context_lens), block_tables=table.view(B, width).int())
+        # Indices (ids, positions, slots, rows) as int64; what attention kernels take as int32,
+        # built as int32 on the host: two copies and no conversion on the device.
+        ids, pos, slot, last = self.upload(torch.int64, tokens, positions, slots, last_rows)
+        cu, lens, table = self.upload(torch.int32, cu_seqlens_q, context_lens, tables)
+        step = self._context(plan.is_prefill, pos, slot, last, cu_seqlens_q=cu, cu_seqlens_q_host=cu_seqlens_q,
+                             max_query_len=max(num_new_tokens), context_lens=lens,
+                             max_context_len=max(context_lens), block_tables=table.view(B, width))
         return ids, step
 
     def slot(self, seq: Sequence, position: int) -> int:
@@ -70,8 +72,8 @@ class ModelRunner:
         self.backend.prepare(step)
         return step
 
-    def upload(self, *lists) -> list[torch.Tensor]:
-        """Host int lists -> int64 device tensors, all through one buffer and one copy."""
+    def upload(self, dtype: torch.dtype, *lists) -> list[torch.Tensor]:
+        """Host int lists -> device tensors of `dtype`, all through one buffer and one copy."""
         sizes = [len(values) for values in lists]
-        host = torch.tensor([v for values in lists for v in values], dtype=torch.int64, pin_memory=self.pin)
+        host = torch.tensor([v for values in lists for v in values], dtype=dtype, pin_memory=self.pin)
         return list(host.to(self.device, non_blocking=True).split(sizes))
