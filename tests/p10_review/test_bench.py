@@ -2,22 +2,12 @@
 ServedLLM, still here: it gives the offline engine's tokens and dies with its parent."""
 import importlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
-
-import pytest
 
 from common import report
-from common.sampling import SamplingParams
+from tests.suites.served import *  # noqa: F401,F403 - ServedLLM's tests and fixtures, collected here
 
 PHASE = "p10_review"
 bench = importlib.import_module(f"phases.{PHASE}.bench")
-phase = importlib.import_module(f"phases.{PHASE}")
-OPTIONS = {"device": "cpu", "dtype": "float32", "kv_cache_bytes": 4 << 20}
 
 
 def test_parts_run_every_phase_through_one_workload():
@@ -50,46 +40,3 @@ def test_cpu_ladder_is_one_run_the_report_can_read(tmp_path):
     assert "**p10**" in table and "p10 vs p09" in table and "p10 vs p02" in table
     ladder = report.ladder_device(records, "cpu")
     assert ladder.count("| p10 |") == 1 and "| p09 |" not in ladder   # the ladder row is this phase's own
-
-
-@pytest.fixture(scope="module")
-def served():
-    llm = phase.ServedLLM("tiny-llama", server="http", **OPTIONS)
-    yield llm
-    llm.shutdown()
-
-
-def test_served_engine_gives_the_offline_tokens(served):
-    prompts = [[100 + i + j for j in range(3 + 5 * i)] for i in range(4)]
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    want = phase.LLM("tiny-llama", **OPTIONS).generate(prompts, params)
-    got = served.generate(prompts, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert all(len(o.token_times) == 8 and o.ttft > 0 for o in got)
-    with pytest.raises(ValueError, match="greedy"):
-        served.generate(prompts, SamplingParams(temperature=0.7, max_tokens=8, ignore_eos=True))
-
-
-def test_server_dies_with_its_parent(tmp_path):
-    """A parent killed outright (SIGKILL, no cleanup) takes the server and its engine along."""
-    script = textwrap.dedent(f"""
-        import os, sys
-        from phases.{PHASE} import ServedLLM
-        llm = ServedLLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=1 << 20)
-        print(llm.proc.pid, flush=True)
-        sys.stdin.read()
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
-    server_pid = int(parent.stdout.readline())
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            os.kill(server_pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.kill(server_pid, signal.SIGKILL)
-    pytest.fail("the server outlived its parent")

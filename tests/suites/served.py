@@ -1,0 +1,63 @@
+"""ServedLLM (phase 09 on): the engine behind its HTTP server, with generate(), as the benchmark
+harness drives it. It gives the offline engine's tokens and dies with its parent."""
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from common.sampling import SamplingParams
+
+OPTIONS = {"device": "cpu", "dtype": "float32", "kv_cache_bytes": 4 << 20}
+
+
+@pytest.fixture(scope="module")
+def module(phase):
+    return importlib.import_module(f"phases.{phase}")
+
+
+@pytest.fixture(scope="module")
+def served(module):
+    llm = module.ServedLLM("tiny-llama", server="http", **OPTIONS)
+    yield llm
+    llm.shutdown()
+
+
+def test_served_engine_gives_the_offline_tokens(served, module):
+    prompts = [[100 + i + j for j in range(3 + 5 * i)] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = module.LLM("tiny-llama", **OPTIONS).generate(prompts, params)
+    got = served.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert all(len(o.token_times) == 8 and o.ttft > 0 for o in got)
+    with pytest.raises(ValueError, match="greedy"):
+        served.generate(prompts, SamplingParams(temperature=0.7, max_tokens=8, ignore_eos=True))
+
+
+def test_server_dies_with_its_parent(phase):
+    """A parent killed outright (SIGKILL, no cleanup) takes the server and its engine along."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        from phases.{phase} import ServedLLM
+        llm = ServedLLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=1 << 20)
+        print(llm.proc.pid, flush=True)
+        sys.stdin.read()
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    server_pid = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(server_pid, signal.SIGKILL)
+    pytest.fail("the server outlived its parent")

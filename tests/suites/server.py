@@ -1,0 +1,256 @@
+"""The OpenAI-compatible server (phase 09 on), a real uvicorn on 127.0.0.1 over the real
+SmolLM2 (fp32, CPU), driven by httpx and by the official openai client.
+
+Replies are checked against the offline engine (LLM.generate) on the same token ids; every
+bad-input case gets its status and OpenAI's error shape; clients that go away have their requests
+aborted and their KV blocks freed; the server keeps serving after all of it.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from common.sampling import SamplingParams
+
+MODEL = "smollm2-135m"
+OPTIONS = {"device": "cpu", "dtype": "float32", "cpu_kv_cache_bytes": 64 << 20}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(phase):
+    """(base url, AsyncLLM): uvicorn in a thread of this process, the engine in its own process."""
+    module = importlib.import_module(f"phases.{phase}")
+    engine = module.AsyncLLM(MODEL, **OPTIONS)
+    port = free_port()
+    app = module.build_app(engine, MODEL)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", engine
+    srv.should_exit = True
+    thread.join(timeout=10)
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def offline(LLM):  # noqa: N803 - the phase's engine class (tests/conftest.py)
+    return LLM(MODEL, **OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics").text
+    return {m[1]: float(m[2]) for m in re.finditer(r"^mini_infer:(\w+) ([\d.e+-]+)$", text, re.M)}
+
+
+def wait_pool_full(url: str, engine, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(url)
+        if m["kv_blocks_free"] == engine.limits["num_blocks"] and m["num_requests_running"] == 0 \
+                and m["num_requests_waiting"] == 0:
+            return m
+        assert time.monotonic() < deadline, f"the pool did not empty: {m}"
+        time.sleep(0.1)
+
+
+# --- the endpoints, through the openai client -----------------------------------------------------
+def test_models_and_health(server, client):
+    url, engine = server
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+
+
+def test_completion_equals_offline_engine(client, offline):
+    prompt = "The capital of France is"
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    [want] = offline.generate([prompt], greedy(12))
+    assert reply.choices[0].text == want.text
+    assert reply.choices[0].finish_reason == ("length" if want.finish_reason == "length" else "stop")
+    assert reply.usage.completion_tokens == len(want.token_ids)
+    assert reply.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def test_streamed_completion_equals_whole_one(client):
+    kw = dict(model=MODEL, prompt=[504, 3458, 282, 4649, 314], max_tokens=16, temperature=0)
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    token_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in token_chunks) == whole.choices[0].text
+    assert len(token_chunks) == 16                       # one chunk per token
+    assert token_chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 16 and not chunks[-1].choices
+
+
+def test_chat_streamed_and_not_equal_offline(client, offline):
+    messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a color."}]
+    [want] = offline.generate([offline.tokenizer.messages_ids(messages)], greedy(20))
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
+    assert whole.choices[0].message.content == want.text and whole.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+
+
+def test_stop_string_never_streamed(client, offline):
+    prompt, stop = "The capital of France is", ["answer"]
+    [want] = offline.generate([prompt], greedy(24, stop=stop))
+    assert want.finish_reason == "stop", "pick a stop string the reply contains"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert streamed == want.text and "answer" not in streamed
+
+
+def test_n_choices_and_batched_prompts(client, offline):
+    reply = client.completions.create(model=MODEL, prompt=["Hello", "One, two,"], max_tokens=6, temperature=0, n=2)
+    wants = offline.generate(["Hello", "One, two,"], greedy(6))
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert [c.text for c in reply.choices] == [wants[0].text, wants[0].text, wants[1].text, wants[1].text]
+    seeded = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1.0, seed=7, n=2)
+    again = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1.0, seed=7, n=2)
+    assert [c.text for c in seeded.choices] == [c.text for c in again.choices]
+
+
+def test_sixteen_concurrent_clients_equal_offline(server, offline):
+    url, _ = server
+    prompts = [[100 + 7 * i + j for j in range(5 + i)] for i in range(16)]
+    wants = offline.generate(prompts, greedy(10, ignore_eos=True))
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as c:
+            return await asyncio.gather(*[c.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0,
+                                                               extra_body={"ignore_eos": True}) for p in prompts])
+    replies = asyncio.run(run())
+    assert [r.choices[0].text for r in replies] == [w.text for w in wants]
+
+
+# --- bad input: the right status, OpenAI's shape, and the server serves on ------------------------
+def post(url: str, body, path: str = "/v1/completions", **kw) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(url + path, content=content, headers={"content-type": "application/json"}, timeout=60, **kw)
+
+
+def assert_error(r: httpx.Response, status: int, param=None) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "top_p": 2}, "top_p"),
+    ({"model": MODEL, "prompt": "hi", "top_k": -5}, "top_k"),
+    ({"model": MODEL, "prompt": "hi", "stop": [""]}, "stop"),
+    ({"model": MODEL, "prompt": "hi", "seed": "x"}, "seed"),
+    ({"model": MODEL, "prompt": "hi", "n": 0}, "n"),
+    ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 5}, "logprobs"),
+    ({"model": MODEL, "prompt": ""}, "prompt"),
+    ({"model": MODEL, "prompt": 42}, "prompt"),
+    ({"model": MODEL, "prompt": [1, "a"]}, "prompt"),
+    ({"model": MODEL, "prompt": [10**9]}, "prompt"),                 # past the vocab (the engine says so)
+    ({"model": MODEL, "prompt": [1] * 9000}, "prompt"),              # over the context
+    ({"prompt": "hi"}, "model"),
+])
+def test_bad_parameters_are_400(server, body, param):
+    assert_error(post(server[0], body), 400, param)
+
+
+def test_bad_chat_messages_are_400(server):
+    for messages in ([], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 5}], "hi"):
+        assert_error(post(server[0], {"model": MODEL, "messages": messages}, "/v1/chat/completions"), 400, "messages")
+
+
+def test_malformed_json_unknown_model_route_and_oversized_body(server):
+    url, _ = server
+    assert_error(post(url, b'{"model": "smollm2-135m", "prompt": '), 400)
+    assert_error(post(url, b"\xff\xfe"), 400)
+    assert_error(post(url, [1, 2]), 400)
+    assert_error(post(url, {"model": "gpt-4", "prompt": "hi"}), 404, "model")
+    assert_error(httpx.get(url + "/v1/nothing"), 404)
+    assert_error(post(url, {"model": MODEL, "prompt": "x" * (5 << 20)}), 413)
+
+
+def test_full_server_answers_503_then_recovers(server, client):
+    url, engine = server
+    capacity, engine.capacity = engine.capacity, 0
+    try:
+        assert_error(post(url, {"model": MODEL, "prompt": "hi", "max_tokens": 2}), 503)
+    finally:
+        engine.capacity = capacity
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None
+
+
+# --- clients that go away --------------------------------------------------------------------------
+def test_hundred_aborted_streams_free_the_pool(server, client):
+    url, engine = server
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "stream": True, "ignore_eos": True}
+
+    async def one(c: httpx.AsyncClient) -> None:
+        async with c.stream("POST", url + "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    return                       # first token seen: hang up mid-stream
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as c:
+            for _ in range(5):                   # 5 waves of 20 concurrent streams
+                await asyncio.gather(*[one(c) for _ in range(20)])
+    asyncio.run(run())
+    m = wait_pool_full(url, engine)
+    assert m["generation_tokens_total"] < 100 * 500 / 4       # they were cut short, not run out
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_client_gone_while_waiting_for_a_whole_reply(server):
+    url, engine = server
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):           # the client gives up and closes the connection
+        httpx.post(url + "/v1/completions", json=body, timeout=1.5)
+    wait_pool_full(url, engine, timeout=10)         # 1000 tokens would take far longer than 10 s
+
+
+def test_metrics_report_requests_tokens_and_latencies(server, client):
+    url, _ = server
+    before = metrics(url)
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, extra_body={"ignore_eos": True})
+    after = metrics(url)
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] == 5
+    assert after["time_to_first_token_seconds_count"] == before["time_to_first_token_seconds_count"] + 1
+    assert after["inter_token_latency_seconds_count"] == before["inter_token_latency_seconds_count"] + 4
+    text = httpx.get(url + "/metrics").text
+    assert '# TYPE mini_infer:time_to_first_token_seconds histogram' in text
+    assert 'mini_infer:inter_token_latency_seconds_bucket{le="+Inf"}' in text
