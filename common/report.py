@@ -264,12 +264,16 @@ def before_after(records: list[dict], phase: str, device: str, workload: str) ->
     if not own:
         return None
     others = [e for e in engines if e not in own]
+    # The phase's plain engine ("p09") beside variants of itself ("p09 http"): each variant vs it.
+    base = phase[:3] if phase[:3] in own else None
+    pairs = [(o, e) for o in own for e in others if not (is_ablation(o) and e in PEERS)] \
+        + [(o, base) for o in own if base and o != base]
     mine = [r for r in recs if r["engine"] in own]
     extras = {k: v for k, v in extras.items() if any(metric(r, k) is not None for r in mine)}
     vary = varying(recs)
     header = ["model", *[f"**{e}**" if e in own else e for e in engines],
               *[f"{o} {v}" for o in own for v in extras.values()],
-              *[f"{o} vs {e}" for o in own for e in others if not (is_ablation(o) and e in PEERS)]]
+              *[f"{o} vs {e}" for o, e in pairs]]
     rows, used = [], []
     for rkey in sorted({row_key(r, vary) for r in recs}, key=_rank):
         group = [r for r in recs if row_key(r, vary) == rkey]
@@ -278,7 +282,7 @@ def before_after(records: list[dict], phase: str, device: str, workload: str) ->
         rows.append([row_label(group[0], vary), *[fmt(key, metric(cell[e], key)) for e in engines],
                      *[fmt(k, metric(cell[o], k)) for o in own for k in extras],
                      *[format_ratio(paired_ratio(cell[o], cell[e], key) if cell[o] and cell[e] else None)
-                       for o in own for e in others if not (is_ablation(o) and e in PEERS)]])
+                       for o, e in pairs]])
     fixed = ", ".join(str(recs[0].get(k)) for k in ("dtype", "scale") if k not in vary)
     caption = (f"**{device}**, {CAPTIONS[workload]}{f' ({fixed})' if fixed else ''}: {label} "
                f"({repeats_text(used)}), {'higher' if higher_is_better(key) else 'lower'} is better; {RATIO_NOTE}")

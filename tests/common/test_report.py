@@ -256,3 +256,16 @@ def test_ablation_is_a_column_of_its_own_and_stays_out_of_the_ladder(tmp_path):
     assert "**p05**" in header and "**p05 lean_step=0**" in header
     assert "| 1.20× (1.20–1.20) | 1.01× (1.01–1.01) |" in row
     assert "lean_step" not in report.ladder(records)
+
+
+def test_variants_of_the_phase_engine_are_compared_with_it(tmp_path):
+    """A variant of the phase's engine (p09 behind its server, "p09 http"; an ablation like
+    "p05 lean_step=0") gets a "vs" column against the plain engine of the same run."""
+    plain = record("p09_serve", "p09", "llama-1b", "concurrency", setting={"concurrency": 64},
+                   samples=[100.0, 110.0, 90.0], output_tok_s=100.0)
+    http = record("p09_serve", "p09", "llama-1b", "concurrency", setting={"concurrency": 64, "server": "http"},
+                  samples=[95.0, 99.0, 90.0], output_tok_s=95.0)
+    write(tmp_path, "p09_serve/concurrency-h200.json", [plain, http])
+    header, row = rows(report.before_after(report.load_records(tmp_path), "p09_serve", "NVIDIA H200", "concurrency"))
+    assert header.endswith("| p09 http vs p09 |")
+    assert row.endswith("| 0.95× (0.90–1.00) noise |")
