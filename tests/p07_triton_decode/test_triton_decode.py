@@ -14,9 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 bench = importlib.import_module(f"phases.{PHASE}.bench")
 
 
-def interpreted(code: str) -> str:
-    """Run `code` in a fresh Python with Triton's interpreter on; return its stdout."""
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+def interpreted(code: str, interpret: bool = True) -> str:
+    """Run `code` in a fresh Python with Triton's interpreter on (or off); return its stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    env |= {"TRITON_INTERPRET": "1"} if interpret else {}
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -52,11 +53,15 @@ for preset in ("tiny-llama", "tiny-qwen2"):
 
 
 def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("this process runs with the interpreter on")
-    LLM = importlib.import_module(f"phases.{PHASE}").LLM
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        LLM("tiny-llama", device="cpu", attention_backend="triton")
+    """In a fresh process without TRITON_INTERPRET (this one may have it on): a clear ValueError."""
+    out = interpreted(f"""
+from phases.{PHASE} import LLM
+try:
+    LLM("tiny-llama", device="cpu", attention_backend="triton")
+except ValueError as e:
+    print("TRITON_INTERPRET=1" in str(e))
+""", interpret=False)
+    assert out.split() == ["True"], out
 
 
 def test_parts_put_the_kernel_beside_flash_attention():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import re
 import socket
 import threading
@@ -254,3 +255,54 @@ def test_metrics_report_requests_tokens_and_latencies(server, client):
     text = httpx.get(url + "/metrics").text
     assert '# TYPE mini_infer:time_to_first_token_seconds histogram' in text
     assert 'mini_infer:inter_token_latency_seconds_bucket{le="+Inf"}' in text
+
+
+# --- the engine failing, in the loop or as a whole process ------------------------------------------
+class Outbox(list):
+    def send(self, msg) -> None:
+        self.append(msg)
+
+
+def test_a_failed_step_fails_its_requests_and_the_loop_serves_on(phase, LLM):  # noqa: N803
+    """EngineLoop in this process: one step raises; its requests end with "failed", their blocks
+    are free, and the next request runs to the end."""
+    import queue
+    loop_mod = importlib.import_module(f"phases.{phase}.engine_loop")
+    llm = LLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=1 << 20, detokenize=False)
+    inbox, outbox = queue.Queue(), Outbox()
+    loop = loop_mod.EngineLoop(llm, inbox, outbox)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    def broken_step():
+        raise RuntimeError("injected")
+    step, llm.step = llm.step, broken_step
+    loop._handle(("add", 1, [5, 6, 7], params))
+    loop._step()
+    assert outbox[-1][0] == "failed" and outbox[-1][1] == [1] and "injected" in outbox[-1][2]
+    assert llm.scheduler.block_manager.num_free_blocks == llm.cache.num_blocks and not llm.has_unfinished()
+    llm.step = step
+    loop._handle(("add", 2, [5, 6, 7], params))
+    while llm.has_unfinished():
+        loop._step()
+    ends = [d for kind, *rest in outbox if kind == "step" for d in rest[0] if d[0] == 2 and d[3]]
+    assert len(ends) == 1 and ends[0][3][0] == "length"
+
+
+def test_a_dead_engine_process_is_an_error_not_a_hang(phase):
+    """The engine process killed outright: the next submit fails with EngineDead within seconds."""
+    import signal as signals
+    module = importlib.import_module(f"phases.{phase}")
+    async_engine = importlib.import_module(f"phases.{phase}.async_engine")
+    engine = module.AsyncLLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=1 << 20)
+
+    async def run():
+        engine.start()
+        os.kill(engine.proc.pid, signals.SIGKILL)
+        deadline = time.monotonic() + 10
+        while engine.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        with pytest.raises(async_engine.EngineDead):
+            await engine.submit([5, 6, 7], SamplingParams(temperature=0, max_tokens=2))
+    try:
+        asyncio.run(run())
+    finally:
+        engine.shutdown()
