@@ -138,14 +138,6 @@ class AsyncLLM:
         finally:
             self.abort(req)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> tuple[list[int], str, str]:
-        """One whole request: (token ids, text, finish_reason)."""
-        ids = []
-        async for delta in self.stream(await self.submit(prompt_ids, params)):
-            ids += delta.token_ids
-            if delta.finish:
-                return ids, delta.finish[1], delta.finish[0]
-
     def abort(self, req: Request) -> None:
         """Drop a request the server no longer wants. A no-op once it finished."""
         if not req.done:

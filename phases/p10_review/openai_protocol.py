@@ -120,7 +120,7 @@ def sampling_params(body: dict, chat: bool) -> SamplingParams:
         return SamplingParams(**values)
     except (ValueError, TypeError) as e:       # SamplingParams names the field first in its message
         word = str(e).split()[0]
-        raise bad(str(e), "max_tokens" if word == "max_tokens" and chat else word if word in SAMPLING_FIELDS else None)
+        raise bad(str(e), word if word in SAMPLING_FIELDS else None)
 
 
 def with_seed(params: SamplingParams, i: int) -> SamplingParams:
