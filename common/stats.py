@@ -55,13 +55,16 @@ def paired_ratio(a: dict, b: dict, key: str) -> dict | None:
 
 
 def within_noise(r: dict) -> bool:
-    """A ratio whose range includes 1.0 is no gain (and no loss): it is noise."""
-    return r["min"] <= 1.0 <= r["max"]
+    """A ratio whose range includes 1.0 is no gain (and no loss): it is noise. So is a ratio of
+    one repeat pair: it has no range, so it cannot be told from noise."""
+    return r.get("pairs", 2) < 2 or r["min"] <= 1.0 <= r["max"]
 
 
 def format_ratio(r: dict | None) -> str:
-    """"3.52× (3.41–3.60)", or "1.02× (0.97–1.06) noise"; "–" for no same-run ratio."""
+    """"3.52× (3.41–3.60)", "1.02× (0.97–1.06) noise", or "1.19× (1 pair, no range) noise";
+    "–" for no same-run ratio."""
     if r is None:
         return "–"
-    text = f"{r['median']:.2f}× ({r['min']:.2f}–{r['max']:.2f})"
+    spread = "1 pair, no range" if r.get("pairs", 2) < 2 else f"{r['min']:.2f}–{r['max']:.2f}"
+    text = f"{r['median']:.2f}× ({spread})"
     return text + " noise" if within_noise(r) else text

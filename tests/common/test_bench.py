@@ -184,6 +184,15 @@ def test_per_repeat_ratios_come_from_one_run(tmp_path):
     assert slower["median"] == pytest.approx(r["median"], rel=1e-9)
 
 
+def test_a_ratio_needs_a_range_to_be_a_gain():
+    """One repeat pair has no range: it is reported as such and counts as noise, however far from 1."""
+    one = {"median": 1.19, "min": 1.19, "max": 1.19, "pairs": 1}
+    assert stats.within_noise(one) and stats.format_ratio(one) == "1.19× (1 pair, no range) noise"
+    three = {"median": 1.19, "min": 1.10, "max": 1.30, "pairs": 3}
+    assert not stats.within_noise(three) and stats.format_ratio(three) == "1.19× (1.10–1.30)"
+    assert stats.format_ratio(three | {"min": 0.95}) == "1.19× (0.95–1.30) noise"
+
+
 def test_kv_pool_is_sized_for_the_workload():
     """Every request the workload holds at once, in whole blocks plus one spare each, and no more."""
     work = workloads.concurrency(3, "small")
