@@ -50,6 +50,8 @@ def main(rank: int, spec: WorkerSpec, commands, results, current) -> None:
         device = rank_device(spec.options["device"], rank)
         if device == "cpu":                 # the ranks share the cores instead of fighting for them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        else:                               # this rank's GPU is its current device: nothing it
+            torch.cuda.set_device(device)   # makes or syncs by default lands on another rank's GPU
         engine = build(rank, spec, device)
         results.put(("ready", rank, 0, None))
         if spec.parallel == "pipeline" and rank == TAIL:
@@ -86,8 +88,6 @@ def build(rank: int, spec: WorkerSpec, device: str):
 
 def init_distributed(rank: int, world_size: int, port: int, device: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world_size)
 
 
