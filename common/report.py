@@ -304,13 +304,13 @@ HEADLINES = {
     "p01_serial_decode": ("latency", "llama-8b", {"batch": 1}, "p01", "hf-generate", H200),
     "p02_paged_kv": ("concurrency", "tiny-llama", {"concurrency": 32}, "p02", "p01", "cpu"),
     "p03_vectorized_gather": ("concurrency", "llama-1b", {"concurrency": 64}, "p03", "p02", H200),
-    "p04_replica_pipeline": ("offline", "tiny-llama", {}, "p04 replica", "p03", "cpu"),
+    "p04_replica_pipeline": ("concurrency", "llama-1b", {"concurrency": 64}, "p04 replica", "p03", H200),
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
-    "p06_paged_attention": ("concurrency", "llama-1b", {"concurrency": 64}, "p06 flash-attn", "p05", H200),
-    "p07_triton_decode": ("concurrency", "llama-1b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
+    "p06_paged_attention": ("concurrency", "llama-8b", {"concurrency": 64}, "p06 flash-attn", "p05", H200),
+    "p07_triton_decode": ("concurrency", "llama-8b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
     "p08_preemption": ("offline", "llama-1b", {"kv_cache_bytes": 2 << 30}, "p08 recompute", "p07", H200),
     "p09_http_serving": ("concurrency", "llama-1b", {"concurrency": 64}, "p09 http", "p09", H200),
-    "p10_review": ("concurrency", "tiny-llama", {"concurrency": 32}, "p10", "p09", "cpu"),
+    "p10_review": ("concurrency", "llama-1b", {"concurrency": 64}, "p10", "p09", H200),
 }
 
 
