@@ -6,9 +6,11 @@
 The engines of one call are one comparison, measured in one run (one run id in every record):
 for each preset they are built side by side, each with a KV pool sized for the workload so that
 they share the device, warmed up, and then measured in repeat rounds, interleaved: in round i
-every engine runs every setting once (A B C, A B C, ...). The host's launch rate and the GPU's
-clocks drift over minutes; engines measured in the same minutes share the drift, so the ratio of
-two engines is taken per round (common.stats) and quoted with its range. Each record keeps its
+every engine runs every setting once, the engines' order rotated by one each round (A B C, B C A,
+C A B, ...), so that no engine always runs first or always right after the same neighbour. The
+host's launch rate and the GPU's clocks drift over minutes; engines measured in the same minutes
+share the drift, so the ratio of two engines is taken per round (common.stats) and quoted with its
+range. Each record keeps its
 samples, their medians (metrics) and min-max (spread). The engines are freed before the next preset.
 
 Committed results come from `make phase-NN bench PART=...` (run_parts below), which names the make
@@ -46,7 +48,8 @@ def compare(preset: str, args, works: list, hw: dict, run: dict, out: Path) -> l
         samples = {(name, i): [] for name in engines for i in range(len(works))}
         for rep in tqdm(range(repeats(args)), desc=f"{preset} rounds", leave=False):
             for i, (work, setting) in enumerate(works):
-                for name, engine in engines.items():
+                for name in rotated(list(engines), rep):
+                    engine = engines[name]
                     configure(engine, name, setting)
                     samples[name, i].append({"repeat": rep, **take_sample(engine, work, args.device)})
             records = [record(name, preset, args, works[i], samples[name, i], hw, run, resident.get(name))
@@ -55,6 +58,12 @@ def compare(preset: str, args, works: list, hw: dict, run: dict, out: Path) -> l
         return records
     finally:
         close(engines)
+
+
+def rotated(names: list[str], round_index: int) -> list[str]:
+    """Round i's order: the names rotated left by i (A B C, B C A, C A B, A B C, ...)."""
+    k = round_index % len(names)
+    return names[k:] + names[:k]
 
 
 def build_engines(preset: str, args, works: list) -> tuple[dict, dict]:

@@ -2,7 +2,7 @@
 
 A record holds one sample per repeat ({"repeat": i, metric: value, ...}); its metrics are the
 medians, its spread the min-max. Two engines of one run were measured in the same repeat rounds
-(A B C, A B C, ...), so their ratio is taken per repeat pair: round i of A over round i of B.
+(A B C, B C A, ...), so their ratio is taken per repeat pair: round i of A over round i of B.
 The spread of those ratios is what a reader may trust; one whose range includes 1.0 is noise.
 """
 from __future__ import annotations

@@ -156,7 +156,8 @@ def test_offline_warm_up_reaches_every_replica():
 
 
 def test_engines_are_interleaved_round_by_round(tmp_path, monkeypatch):
-    """Round i runs every engine on every setting before round i+1 starts (A B, A B, ...)."""
+    """Round i runs every engine on every setting before round i+1 starts, the engines' order
+    rotated each round (A B, B A, ...)."""
     order = []
     real = bench.take_sample
 
@@ -168,8 +169,14 @@ def test_engines_are_interleaved_round_by_round(tmp_path, monkeypatch):
     run(tmp_path, "--workload", "concurrency", "--concurrency", "1,2", "--presets", "tiny-llama",
         "--engines", "p02,p03", "--repeats", "2")
     engines = [e for e, _ in order]
-    assert engines == ["p02_paged_kv", "p03_vectorized_gather"] * 4
+    a, b = "p02_paged_kv", "p03_vectorized_gather"
+    assert engines == [a, b, a, b, b, a, b, a]
     assert [c for _, c in order] == [1, 1, 2, 2, 1, 1, 2, 2]
+
+
+def test_each_round_rotates_the_engines_order():
+    assert [bench.rotated(["A", "B", "C"], i) for i in range(4)] == \
+        [["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"], ["A", "B", "C"]]
 
 
 def test_per_repeat_ratios_come_from_one_run(tmp_path):
