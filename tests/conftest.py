@@ -1,4 +1,4 @@
-"""Shared test set-up: repo root on sys.path, GPU auto-skip, and the session-wide HF reference.
+"""Shared test set-up: repo root on sys.path, GPU auto-skip, worker-code dedup, and the session-wide HF reference.
 
 Every phase's suite (tests/pNN_topic/) uses the same fixtures, so the HuggingFace greedy ids are
 computed once per session per preset (see tests/reference.py) and every engine is held to them.
@@ -19,8 +19,30 @@ if str(ROOT) not in sys.path:
 from tests import reference  # noqa: E402  (needs the repo root on sys.path)
 
 
+WORKER_CODE = ("worker.py", "worker_pool.py")
+
+
+def worker_code_changed(phase: str) -> bool:
+    """Whether a phase's worker processes run other code than the phase before's: its first
+    phase, or worker.py / worker_pool.py differ from the previous phase folder's."""
+    folders = sorted(p.name for p in (ROOT / "phases").iterdir() if p.name[:1] == "p" and p.is_dir())
+    before = folders[folders.index(phase) - 1] if folders.index(phase) else None
+    return before is None or any(
+        not (ROOT / "phases" / before / name).exists()
+        or (ROOT / "phases" / before / name).read_bytes() != (ROOT / "phases" / phase / name).read_bytes()
+        for name in WORKER_CODE)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip @pytest.mark.gpu tests on machines without CUDA (every other test runs on CPU)."""
+    """Skip @pytest.mark.gpu tests on machines without CUDA (every other test runs on CPU), and
+    deselect @pytest.mark.worker_code tests in a phase whose worker code is the phase before's
+    byte for byte: they exercise processes (spawn, a killed parent, a dead worker), cost seconds
+    each, and would test the same code again."""
+    repeated = [item for item in items if "worker_code" in item.keywords
+                and not worker_code_changed(item.module.PHASE)]
+    if repeated:
+        config.hook.pytest_deselected(items=repeated)
+        items[:] = [item for item in items if item not in repeated]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -41,7 +41,8 @@ def test_latency_small_writes_valid_records(tmp_path):
 
 def test_offline_small_counts_every_token(tmp_path):
     work = workloads.offline("small")
-    [rec] = run(tmp_path, "--workload", "offline", "--presets", "tiny-llama", "--engines", "p01")
+    [rec] = run(tmp_path, "--workload", "offline", "--presets", "tiny-llama", "--engines", "p01",
+              "--repeats", "1")
     m = rec["metrics"]
     assert m["num_requests"] == workloads.OFFLINE_REQUESTS["small"] == len(work.requests)
     assert m["output_tokens"] == work.output_tokens and m["prompt_tokens"] == work.prompt_tokens

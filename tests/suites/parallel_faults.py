@@ -1,7 +1,10 @@
 """The engine over worker processes under faults: an interrupted or failed call leaves it ready
 for the next (whose outputs are its own), a dead worker is named on every later call, workers
 die with a killed parent, a script without the __main__ guard gets the workers' real error, and
-LLM(parallel=...) points at ParallelLLM instead of quietly becoming it."""
+LLM(parallel=...) points at ParallelLLM instead of quietly becoming it.
+
+The tests marked worker_code run in a phase only where its worker.py or worker_pool.py changed
+(tests/conftest.py): in the others the processes run the same code byte for byte."""
 import importlib
 import multiprocessing
 import os
@@ -88,6 +91,7 @@ def test_a_call_that_fails_in_a_worker_leaves_the_engine_usable(parallel_llm, ne
     assert [o.token_ids for o in parallel_llm.generate(prompts, params)] == expected
 
 
+@pytest.mark.worker_code
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_dead_worker_is_named_on_every_later_call(ParallelLLM, mode):  # noqa: N803
@@ -115,6 +119,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.worker_code
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_workers_exit_when_the_parent_is_killed(phase, tmp_path, mode):
@@ -138,6 +143,7 @@ def test_workers_exit_when_the_parent_is_killed(phase, tmp_path, mode):
     assert all(gone(pid) for pid in pids)
 
 
+@pytest.mark.worker_code
 @pytest.mark.timeout(90)
 def test_a_script_without_the_main_guard_gets_the_workers_error(phase, tmp_path):
     """spawn runs the script again in every worker; there it tries to start workers of its own
