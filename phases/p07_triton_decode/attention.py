@@ -37,6 +37,7 @@ class StepContext:
     context_lens: torch.Tensor | None = None  # decode: (B,) int32 cached tokens incl. this step's
     max_context_len: int = 0                  # decode: the longest context
     key_mask: torch.Tensor | None = None      # decode, torch backend only (its prepare() makes it)
+    block_index: torch.Tensor | None = None   # decode, torch backend only (block_tables, int64)
 
 
 class Attention(nn.Module):

@@ -44,6 +44,7 @@ class TorchAttention:
             real = keys[None, :] < step.context_lens[:, None]
             step.key_mask = torch.zeros(real.shape, dtype=step.dtype, device=real.device) \
                 .masked_fill_(~real, float("-inf"))[:, None, None, :]
+            step.block_index = step.block_tables.long()     # an index must be int64: once, not per layer
 
     def prefill(self, q, k, v, step) -> torch.Tensor:
         # Each prompt attends to its own fresh k, v: causal per prompt, no padding, no mask.
@@ -54,7 +55,7 @@ class TorchAttention:
         # Gather: block table (B, W) -> (B, W * block_size, KV, D), the first S keys kept.
         # GQA: the H / KV query heads sharing a KV head act as that head's query rows.
         B, KV, D = q.shape[0], k_pages.shape[2], q.shape[2]
-        k, v = (pages[step.block_tables.long()].flatten(1, 2)[:, :step.max_context_len] for pages in (k_pages, v_pages))
+        k, v = (pages[step.block_index].flatten(1, 2)[:, :step.max_context_len] for pages in (k_pages, v_pages))
         with sdpa_kernel(SDPA_KERNELS):
             out = F.scaled_dot_product_attention(q.view(B, KV, -1, D), k.transpose(1, 2), v.transpose(1, 2),
                                                  attn_mask=step.key_mask)

@@ -39,6 +39,7 @@ class StepContext:
     max_context_len: int                # the longest context
     block_tables: torch.Tensor          # (B, max_blocks) int32 block ids, 0-padded
     key_mask: torch.Tensor | None = None  # decode, torch backend only (its prepare() makes it)
+    block_index: torch.Tensor | None = None  # decode, torch backend only (block_tables, int64)
 
 
 class Attention(nn.Module):

@@ -75,6 +75,31 @@ def test_decode_step_reads_nothing_back_and_copies_its_inputs_once(monkeypatch):
     assert counter.syncs == [] and uploads == [6]
 
 
+class OpRecorder(TorchDispatchMode):
+    """Records the name of every op dispatched inside it."""
+    def __enter__(self):
+        self.ops = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_layers_derive_nothing_from_the_step():
+    """What a backend derives from the step's metadata (the torch backend's int64 gather index
+    and its mask) is made once in prepare(): the layers of a decode forward convert no dtype
+    (a .long() per layer would be two more launches per layer on a GPU)."""
+    llm = engine.LLM("tiny-llama", **OPTIONS)
+    for _ in range(3):
+        llm.add_request(list(range(5, 30)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    llm.step()                                                        # prefill
+    ids, step = llm.runner.prepare_decode(llm.scheduler.running)
+    with OpRecorder() as recorder:
+        llm.runner.model(ids, step)
+    assert "_to_copy" not in recorder.ops and recorder.ops.count("index") == 2 * llm.model_config.num_layers + 1
+
+
 def test_backend_choice_is_checked_at_construction():
     assert engine.LLM("tiny-llama", **OPTIONS).config.attention_backend == "torch"    # auto, on CPU
     with pytest.raises(ValueError, match="needs a CUDA device"):
