@@ -7,18 +7,25 @@ comparisons run at --scale small on tiny-llama, where only the torch backend exi
 The previous engine (attention over K/V gathered into a padded batch) against this one with
 each attention backend: flash-attn reads K/V in place through the block tables, torch is the
 exact reference that still gathers. At batch 1 and with 64 requests in flight; on a GPU the
-"syncs" part counts a decode step's host-device synchronizations (CUDA's own sync debug mode).
+"syncs" part counts a decode step's host-device synchronizations (CUDA's own sync debug mode),
+and "profile-pair" profiles p05's decode step and p06's in one process.
 """
 from __future__ import annotations
 
+import importlib
 import sys
+import uuid
 import warnings
+from collections import Counter
+from pathlib import Path
 
 import torch
 
+from common import roofline
+from common.bench import free_memory
 from common.bench_set import run_parts
-from common.device import device_name
-from common.engines import make_engine
+from common.device import default_device, device_name
+from common.engines import make_engine, phase_folder
 from common.results import RESULTS, device_tag, provenance, write_records
 from common.sampling import SamplingParams
 
@@ -47,14 +54,15 @@ CPU_PARTS = {
 
 
 # --- the syncs part: host-device synchronizations per decode step, counted by CUDA itself -------
-SYNC_STEPS, SYNC_BATCH = 16, 8
+SYNC_STEPS, SYNC_BATCHES = 16, (8, 64)
 
 
-def syncs_per_step(llm) -> float:
-    """Decode steps with 8 requests in flight under torch.cuda.set_sync_debug_mode("warn"), which
-    warns at every synchronizing call: warnings per step (the sampler's fetch of the ids is one)."""
+def syncs_per_step(llm, batch: int) -> tuple[float, dict[str, int]]:
+    """Decode steps with `batch` requests in flight under torch.cuda.set_sync_debug_mode("warn"),
+    which warns at every synchronizing call: warnings per step (the sampler's fetch of the ids is
+    one), and the Python lines that issued them (file:line -> count over all the steps)."""
     params = SamplingParams(temperature=0, max_tokens=SYNC_STEPS + 4, ignore_eos=True)
-    for i in range(SYNC_BATCH):
+    for i in range(batch):
         llm.add_request(list(range(100 + i, 164 + i)), params)
     while llm.scheduler.waiting:
         llm.step()                                                  # prefill
@@ -68,24 +76,68 @@ def syncs_per_step(llm) -> float:
             torch.cuda.set_sync_debug_mode(0)
     while llm.has_unfinished():
         llm.step()
-    return sum("synchroniz" in str(w.message) for w in caught) / SYNC_STEPS
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return len(syncs) / SYNC_STEPS, dict(Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs))
 
 
 def sync_count(argv: list[str], make_command: str) -> None:
     name = device_name("cuda")
     for backend in ("flash-attn", "torch"):
         llm = make_engine(ENGINE, "llama-1b", "cuda", "bfloat16", attention_backend=backend, kv_cache_bytes=1 << 30)
-        count = syncs_per_step(llm)
-        rec = {"phase": PHASE, "engine": ENGINE, "workload": "syncs", "preset": "llama-1b", "dtype": "bfloat16",
-               "scale": "full", "device": name, "part": "syncs",
-               "setting": {"batch": SYNC_BATCH, "attention_backend": backend},
-               "metrics": {"syncs_per_step": count}, "provenance": provenance(name) | {"make_command": make_command}}
-        print(f"[bench] {ENGINE} {backend}: {count:g} host-device syncs per decode step (batch {SYNC_BATCH})", flush=True)
-        write_records(RESULTS / PHASE / f"syncs-{device_tag(name)}.json", [rec])
+        for batch in SYNC_BATCHES:
+            count, sites = syncs_per_step(llm, batch)
+            write_records(RESULTS / PHASE / f"syncs-{device_tag(name)}.json",
+                          [sync_record(name, backend, batch, count, sites, make_command)])
         del llm
 
 
+def sync_record(name: str, backend: str, batch: int, count: float, sites: dict, make_command: str) -> dict:
+    print(f"[bench] {ENGINE} {backend}: {count:g} host-device syncs per decode step (batch {batch}), from {sites}",
+          flush=True)
+    return {"phase": PHASE, "engine": ENGINE, "workload": "syncs", "preset": "llama-1b", "dtype": "bfloat16",
+            "scale": "full", "device": name, "part": "syncs", "setting": {"batch": batch, "attention_backend": backend},
+            "metrics": {"syncs_per_step": count, "sync_sites": sites},
+            "provenance": provenance(name) | {"make_command": make_command}}
+
+
 GPU_PARTS["syncs"] = sync_count
+
+
+# --- the profile-pair part: p05's decode step and p06's, profiled in one process ---------------
+# The two phases' own profiles (`make phase-0N profile`) ran on different days, and a host's speed
+# moves between machine starts by more than the attention call's host cost: in one process the
+# stage clocks of the two engines compare (the mlp stage, whose code is the same, is the control).
+PAIR = {"cuda": ("llama-1b", [1, 64], "full", "bfloat16"), "cpu": ("tiny-llama", [1, 3], "small", "float32")}
+PAIR_BACKENDS = {"cuda": ("flash-attn", "torch"), "cpu": ("torch",)}
+
+
+def profile_pair(argv: list[str], make_command: str) -> None:
+    """p05 (its own step) and p06 with each backend: decode-step profiles at each batch size,
+    one run id, records in profile-pair-<device>.json (no traces)."""
+    device = argv[argv.index("--device") + 1] if "--device" in argv else default_device()
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    preset, batches, scale, dtype = PAIR[kind]
+    bandwidth = roofline.copy_bandwidth(device)        # once, before any KV pool takes memory
+    run = {"run_id": uuid.uuid4().hex[:12], "part": "profile-pair"}
+    mine = importlib.import_module(f"{__package__}.profiler")
+    profilers = [(importlib.import_module(f"phases.{phase_folder(PREVIOUS)}.profiler"), {})]
+    profilers += [(mine, {"attention_backend": backend}) for backend in PAIR_BACKENDS[kind]]
+    out = RESULTS / PHASE / f"profile-pair-{device_tag(device_name(device))}.json"
+    for profiler, options in profilers:
+        for rec in profiler.profile_decode(preset, batches, scale=scale, bandwidth=bandwidth, device=device,
+                                           dtype=dtype, **options):
+            rec |= {"phase": PHASE, "workload": "profile-pair", **run}
+            rec["provenance"] |= {"make_command": make_command}
+            m = rec["metrics"]
+            host = {k: round(v, 2) for k, v in m.get("stage_host_ms", {}).items()}
+            print(f"[bench] {rec['engine']} {options or ''} batch {rec['setting']['batch']}: "
+                  f"{m['wall_ms_per_step']:.2f} ms/step, GPU busy {m.get('gpu_busy_ms', 0):.2f} ms, "
+                  f"host ms by stage {host}", flush=True)
+            write_records(out, [rec])
+        free_memory(device)
+
+
+GPU_PARTS["profile-pair"] = CPU_PARTS["profile-pair"] = profile_pair
 
 
 AGREE_PROMPTS, AGREE_TOKENS = (7, 33, 200, 511, 1000, 64, 129, 300), 64

@@ -1,6 +1,7 @@
 """The phase's bench module: each part runs the previous engine and this one with its attention
 backends in one run; the CPU set has the torch backend only (flash-attn needs a GPU)."""
 import importlib
+import json
 
 PHASE = "p06_paged_attention"
 bench = importlib.import_module(f"phases.{PHASE}.bench")
@@ -14,9 +15,24 @@ def test_parts_compare_the_previous_engine_with_each_backend_in_one_run():
     assert bench.ENGINE == "p06" and bench.PREVIOUS == "p05"
     for part in [p for p in bench.GPU_PARTS.values() if not callable(p)]:
         assert engines(part[0])[:3] == ["p05", "p06 attention_backend=flash-attn", "p06 attention_backend=torch"]
-    for part in bench.CPU_PARTS.values():
+    for part in [p for p in bench.CPU_PARTS.values() if not callable(p)]:
         assert engines(part[0]) == ["p05", "p06 attention_backend=torch"] and "tiny-llama" in part[0]
 
 
 def test_gpu_set_counts_syncs_per_step():
     assert callable(bench.GPU_PARTS["syncs"]) and "syncs" not in bench.CPU_PARTS
+
+
+def test_profile_pair_profiles_both_phases_in_one_run(tmp_path, monkeypatch):
+    """p05's decode step and p06's (each backend the device has) profiled in one process: one
+    run id, a record per engine and batch size, every stage clocked on the host."""
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    bench.profile_pair(["--device", "cpu"], "make phase-06 bench PART=profile-pair")
+    records = json.loads((tmp_path / PHASE / "profile-pair-cpu.json").read_text())
+    assert sorted((r["engine"], r["setting"]["batch"]) for r in records) == [("p05", 1), ("p05", 3), ("p06", 1), ("p06", 3)]
+    assert len({r["run_id"] for r in records}) == 1 and {r["workload"] for r in records} == {"profile-pair"}
+    assert all(r["setting"]["attention_backend"] == "torch" for r in records if r["engine"] == "p06")
+    for r in records:
+        m = r["metrics"]
+        assert m["wall_ms_per_step"] > 0 and m["stage_host_ms"]["attention"] > 0 and m["stage_host_ms"]["mlp"] > 0
+        assert r["provenance"]["make_command"] == "make phase-06 bench PART=profile-pair"
