@@ -12,20 +12,17 @@ and "profile-pair" profiles p05's decode step and p06's in one process.
 """
 from __future__ import annotations
 
-import importlib
 import sys
-import uuid
 import warnings
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from common import roofline
-from common.bench import free_memory
 from common.bench_set import run_parts
-from common.device import default_device, device_name
-from common.engines import make_engine, phase_folder
+from common.device import device_name
+from common.engines import make_engine
+from common.profile_pair import profile_part
 from common.results import RESULTS, device_tag, provenance, write_records
 from common.sampling import SamplingParams
 
@@ -103,41 +100,10 @@ def sync_record(name: str, backend: str, batch: int, count: float, sites: dict, 
 GPU_PARTS["syncs"] = sync_count
 
 
-# --- the profile-pair part: p05's decode step and p06's, profiled in one process ---------------
-# The two phases' own profiles (`make phase-0N profile`) ran on different days, and a host's speed
-# moves between machine starts by more than the attention call's host cost: in one process the
-# stage clocks of the two engines compare (the mlp stage, whose code is the same, is the control).
-PAIR = {"cuda": ("llama-1b", [1, 64], "full", "bfloat16"), "cpu": ("tiny-llama", [1, 3], "small", "float32")}
-PAIR_BACKENDS = {"cuda": ("flash-attn", "torch"), "cpu": ("torch",)}
-
-
-def profile_pair(argv: list[str], make_command: str) -> None:
-    """p05 (its own step) and p06 with each backend: decode-step profiles at each batch size,
-    one run id, records in profile-pair-<device>.json (no traces)."""
-    device = argv[argv.index("--device") + 1] if "--device" in argv else default_device()
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    preset, batches, scale, dtype = PAIR[kind]
-    bandwidth = roofline.copy_bandwidth(device)        # once, before any KV pool takes memory
-    run = {"run_id": uuid.uuid4().hex[:12], "part": "profile-pair"}
-    mine = importlib.import_module(f"{__package__}.profiler")
-    profilers = [(importlib.import_module(f"phases.{phase_folder(PREVIOUS)}.profiler"), {})]
-    profilers += [(mine, {"attention_backend": backend}) for backend in PAIR_BACKENDS[kind]]
-    out = RESULTS / PHASE / f"profile-pair-{device_tag(device_name(device))}.json"
-    for profiler, options in profilers:
-        for rec in profiler.profile_decode(preset, batches, scale=scale, bandwidth=bandwidth, device=device,
-                                           dtype=dtype, **options):
-            rec |= {"phase": PHASE, "workload": "profile-pair", **run}
-            rec["provenance"] |= {"make_command": make_command}
-            m = rec["metrics"]
-            host = {k: round(v, 2) for k, v in m.get("stage_host_ms", {}).items()}
-            print(f"[bench] {rec['engine']} {options or ''} batch {rec['setting']['batch']}: "
-                  f"{m['wall_ms_per_step']:.2f} ms/step, GPU busy {m.get('gpu_busy_ms', 0):.2f} ms, "
-                  f"host ms by stage {host}", flush=True)
-            write_records(out, [rec])
-        free_memory(device)
-
-
-GPU_PARTS["profile-pair"] = CPU_PARTS["profile-pair"] = profile_pair
+# --- the profile-pair part: p05's decode step and p06's (each backend) profiled in one process --
+GPU_PARTS["profile-pair"] = profile_part(PHASE, [(PREVIOUS, {}), *((ENGINE, {"attention_backend": backend})
+                                                                    for backend in ("flash-attn", "torch"))])
+CPU_PARTS["profile-pair"] = profile_part(PHASE, [(PREVIOUS, {}), (ENGINE, {"attention_backend": "torch"})])
 
 
 AGREE_PROMPTS, AGREE_TOKENS = (7, 33, 200, 511, 1000, 64, 129, 300), 64

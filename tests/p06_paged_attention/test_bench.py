@@ -26,8 +26,8 @@ def test_gpu_set_counts_syncs_per_step():
 def test_profile_pair_profiles_both_phases_in_one_run(tmp_path, monkeypatch):
     """p05's decode step and p06's (each backend the device has) profiled in one process: one
     run id, a record per engine and batch size, every stage clocked on the host."""
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
-    bench.profile_pair(["--device", "cpu"], "make phase-06 bench PART=profile-pair")
+    monkeypatch.setattr(importlib.import_module("common.profile_pair"), "RESULTS", tmp_path)
+    bench.CPU_PARTS["profile-pair"](["--device", "cpu"], "make phase-06 bench PART=profile-pair")
     records = json.loads((tmp_path / PHASE / "profile-pair-cpu.json").read_text())
     assert sorted((r["engine"], r["setting"]["batch"]) for r in records) == [("p05", 1), ("p05", 3), ("p06", 1), ("p06", 3)]
     assert len({r["run_id"] for r in records}) == 1 and {r["workload"] for r in records} == {"profile-pair"}
