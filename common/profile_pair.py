@@ -36,13 +36,13 @@ def profile_part(phase: str, engines: list[tuple[str, dict]]):
                                                dtype=dtype, **options):
                 rec |= {"phase": phase, "workload": "profile-pair", **run}
                 rec["provenance"] |= {"make_command": make_command}
-                report(rec, options)
+                print_summary(rec, options)
                 write_records(out, [rec])
             free_memory(device)
     return part
 
 
-def report(rec: dict, options: dict) -> None:
+def print_summary(rec: dict, options: dict) -> None:
     m = rec["metrics"]
     host = {stage: round(ms, 2) for stage, ms in m.get("stage_host_ms", {}).items()}
     print(f"[bench] {rec['engine']} {options or ''} batch {rec['setting']['batch']}: {m['wall_ms_per_step']:.2f} "

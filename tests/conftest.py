@@ -1,4 +1,5 @@
-"""Shared test set-up: repo root on sys.path, GPU auto-skip, worker-code dedup, and the session-wide HF reference.
+"""Shared test set-up: repo root on sys.path, GPU auto-skip, worker-process tests run once per
+worker code, and the session-wide HF reference.
 
 Every phase's suite (tests/pNN_topic/) uses the same fixtures, so the HuggingFace greedy ids are
 computed once per session per preset (see tests/reference.py) and every engine is held to them.
