@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import statistics
 
-# Metrics where smaller is better; every other metric is a rate, larger is better.
-LOWER_IS_BETTER = {"ms_per_token", "prefill_ms", "wall_s", "ttft_s_p50", "itl_ms_p50", "peak_mem_gib",
-                   "step_ms", "gather_ms", "wall_ms_per_step", "gpu_busy_ms", "kernels_per_step",
-                   "syncs_per_step"}
+# Metrics where smaller is better (and every time in ms, "*_ms"); every other metric is a rate,
+# larger is better.
+LOWER_IS_BETTER = {"ms_per_token", "wall_s", "ttft_s_p50", "itl_ms_p50", "peak_mem_gib", "wall_ms_per_step",
+                   "kernels_per_step", "syncs_per_step"}
 
 
 def higher_is_better(key: str) -> bool:
-    return key not in LOWER_IS_BETTER
+    return key not in LOWER_IS_BETTER and not key.endswith("_ms")
 
 
 def numeric_keys(samples: list[dict]) -> list[str]:

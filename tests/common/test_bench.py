@@ -192,6 +192,13 @@ def test_per_repeat_ratios_come_from_one_run(tmp_path):
     assert slower["median"] == pytest.approx(r["median"], rel=1e-9)
 
 
+def test_every_time_in_ms_is_lower_is_better():
+    for key in ("ms_per_token", "itl_ms_p50", "gpu_busy_ms", "attention_host_ms", "step_ms"):
+        assert not stats.higher_is_better(key), key
+    for key in ("decode_tok_s", "output_tok_s", "gather_share", "roofline_frac"):
+        assert stats.higher_is_better(key), key
+
+
 def test_a_ratio_needs_a_range_to_be_a_gain():
     """One repeat pair has no range: it is reported as such and counts as noise, however far from 1."""
     one = {"median": 1.19, "min": 1.19, "max": 1.19, "pairs": 1}

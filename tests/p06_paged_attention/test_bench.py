@@ -2,6 +2,9 @@
 backends in one run; the CPU set has the torch backend only (flash-attn needs a GPU)."""
 import importlib
 import json
+import statistics
+
+from common import stats
 
 PHASE = "p06_paged_attention"
 bench = importlib.import_module(f"phases.{PHASE}.bench")
@@ -24,8 +27,9 @@ def test_gpu_set_counts_syncs_per_step():
 
 
 def test_profile_pair_profiles_both_phases_in_one_run(tmp_path, monkeypatch):
-    """p05's decode step and p06's (each backend the device has) profiled in one process: one
-    run id, a record per engine and batch size, every stage clocked on the host."""
+    """p05's decode step and p06's (each backend the device has) profiled in one process, in
+    rotated rounds: one run id, a record per engine and batch size with a sample per round, every
+    stage clocked on the host, and stage times that compare per round pair."""
     monkeypatch.setattr(importlib.import_module("common.profile_pair"), "RESULTS", tmp_path)
     bench.CPU_PARTS["profile-pair"](["--device", "cpu"], "make phase-06 bench PART=profile-pair")
     records = json.loads((tmp_path / PHASE / "profile-pair-cpu.json").read_text())
@@ -36,3 +40,8 @@ def test_profile_pair_profiles_both_phases_in_one_run(tmp_path, monkeypatch):
         m = r["metrics"]
         assert m["wall_ms_per_step"] > 0 and m["stage_host_ms"]["attention"] > 0 and m["stage_host_ms"]["mlp"] > 0
         assert r["provenance"]["make_command"] == "make phase-06 bench PART=profile-pair"
+        assert m["rounds"] == len(r["samples"]) == 2 and [s["repeat"] for s in r["samples"]] == [0, 1]
+        assert m["stage_host_ms"]["mlp"] == statistics.median(s["mlp_host_ms"] for s in r["samples"])
+    mine = {(r["engine"], r["setting"]["batch"]): r for r in records}
+    attention = stats.paired_ratio(mine["p06", 3], mine["p05", 3], "attention_host_ms")
+    assert attention["pairs"] == 2 and attention["min"] > 0
