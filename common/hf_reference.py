@@ -89,19 +89,19 @@ class HFEngine:
         cfg = self.source.config
         requests = prepare_requests(prompts, sampling_params, lambda text: self.source.tokenizer.encode(text),
                                     cfg.vocab_size, cfg.max_position)
-        outputs = []
+        arrival = time.perf_counter()   # every request arrives now, as the engines' do: a later
+        outputs = []                     # batch's wait counts in its time to first token
         for i in range(0, len(requests), self.batch_size):
-            outputs += self._generate_batch(requests[i:i + self.batch_size])
+            outputs += self._generate_batch(requests[i:i + self.batch_size], arrival)
         return outputs
 
     @torch.inference_mode()
-    def _generate_batch(self, requests) -> list[Output]:
+    def _generate_batch(self, requests, arrival: float) -> list[Output]:
         params = requests[0][1]
         if params.stop or any(p != params for _, p in requests[1:]):
             raise ValueError("the HF baseline takes one SamplingParams per batch and no stop strings")
         ids, mask = self._left_pad([r[0] for r in requests])
         clock = _TokenClock(self.device)
-        arrival = time.perf_counter()
         with self._attention_backends():
             out = self.model.generate(ids, attention_mask=mask, generation_config=self._config(requests),
                                       streamer=clock)

@@ -47,3 +47,11 @@ def test_rejects_stop_strings(engine):
     """The baseline refuses stop strings instead of silently ignoring them."""
     with pytest.raises(ValueError, match="no stop strings"):
         engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, stop=["x"]))
+
+
+def test_requests_of_one_call_arrive_together(engine, prompts_for):
+    """As in the engines, every request of a generate() call arrives when the call starts: the
+    second batch's wait for the first counts in its time to first token."""
+    outs = engine.generate(prompts_for("tiny-llama")[:4], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len({out.arrival_time for out in outs}) == 1
+    assert outs[2].ttft > outs[1].token_times[-1] - outs[1].arrival_time
