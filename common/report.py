@@ -302,7 +302,7 @@ def before_after_all(records: list[dict], phase: str, workloads=tuple(WORKLOADS)
 H200 = "NVIDIA H200"
 HEADLINES = {
     "p01_serial_decode": ("latency", "llama-8b", {"batch": 1}, "p01", "hf-generate", H200),
-    "p02_paged_kv": ("concurrency", "tiny-llama", {"concurrency": 32}, "p02", "p01", "cpu"),
+    "p02_paged_kv": ("concurrency", "llama-1b", {"concurrency": 8}, "p02", "p01", H200),
     "p03_vectorized_gather": ("concurrency", "llama-1b", {"concurrency": 64}, "p03", "p02", H200),
     "p04_replica_pipeline": ("concurrency", "llama-1b", {"concurrency": 64}, "p04 replica", "p03", H200),
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
