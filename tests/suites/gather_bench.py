@@ -22,8 +22,8 @@ def test_every_part_compares_this_engine_with_the_previous_one_in_one_run(bench)
         for name, part in parts.items():
             for run in ([] if callable(part) else part):
                 assert bench.ENGINE in engines_of(run), (name, run)
-                if name in ("latency", "latency-8b", "offline") or name.startswith("concurrency") and \
-                        name != "concurrency-high":
+                serial_only = bench.SERIAL_BEFORE and name.endswith("-high")   # the serial p01 sits these out
+                if name in ("latency", "latency-8b", "offline") or name.startswith("concurrency") and not serial_only:
                     assert bench.PREVIOUS in engines_of(run), (name, run)
     assert "hf-static" in engines_of(bench.GPU_PARTS["latency"][0])
     assert {"hf-generate", "hf-generate-nocudnn"} <= set(engines_of(bench.GPU_PARTS["concurrency"][0]))
