@@ -89,8 +89,9 @@ class HFEngine:
         cfg = self.source.config
         requests = prepare_requests(prompts, sampling_params, lambda text: self.source.tokenizer.encode(text),
                                     cfg.vocab_size, cfg.max_position)
-        arrival = time.perf_counter()   # every request arrives now, as the engines' do: a later
-        outputs = []                     # batch's wait counts in its time to first token
+        # Every request arrives now, as in the engines: a later batch's wait counts in its TTFT.
+        arrival = time.perf_counter()
+        outputs = []
         for i in range(0, len(requests), self.batch_size):
             outputs += self._generate_batch(requests[i:i + self.batch_size], arrival)
         return outputs
