@@ -198,8 +198,10 @@ def ratio_lines(records: list[dict]) -> list[str]:
 # --- the command ----------------------------------------------------------------------------------
 def make_workloads(args) -> list[tuple[workloads.Workload, dict]]:
     """(workload, setting) pairs this run measures: one, or one per concurrency level."""
-    if args.workload == "concurrency":
-        return [(workloads.concurrency(c, args.scale), {"concurrency": c}) for c in args.concurrency]
+    if args.workload == "concurrency":   # a non-standard prompt length is another measurement, as below
+        length = {"prompt_len": args.prompt_len} if args.prompt_len else {}
+        return [(workloads.concurrency(c, args.scale, prompt_len=args.prompt_len), {"concurrency": c} | length)
+                for c in args.concurrency]
     if args.workload == "latency":
         return [(workloads.latency(), {"batch": 1})]
     if args.requests:   # a non-standard size is another measurement: it goes into the setting
@@ -269,6 +271,8 @@ def parse_args(argv):
     p.add_argument("--scale", choices=["full", "small"], default="full")
     p.add_argument("--requests", type=int, default=None,
                    help="offline workload: this many requests instead of the scale's (same distributions)")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="concurrency workload: prompts of this many tokens instead of the scale's (long contexts)")
     p.add_argument("--repeats", type=int, default=None, help="rounds of every engine (default by workload and scale)")
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -290,6 +294,8 @@ def parse_args(argv):
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.requests is not None and (args.requests < 1 or args.workload != "offline"):
         p.error(f"--requests takes a positive count and the offline workload, got {args.requests}")
+    if args.prompt_len is not None and (args.prompt_len < 1 or args.workload != "concurrency"):
+        p.error(f"--prompt-len takes a positive length and the concurrency workload, got {args.prompt_len}")
     if min(args.concurrency) < 1 or (args.repeats is not None and args.repeats < 1):
         p.error(f"--concurrency levels and --repeats must be positive, got {args.concurrency}, {args.repeats}")
     return args

@@ -95,7 +95,7 @@ def with_device_roofline(records: list[dict]) -> list[dict]:
 # Engine options that pick a variant of a phase's engine, named by their value ("p04 replica",
 # "p06 flash-attn"); settings that describe the workload; both stay out of the option suffix.
 MODE_OPTIONS = ("parallel", "attention_backend", "preemption", "server")
-NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "world_size", "kv_cache_bytes", *MODE_OPTIONS}
+NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "prompt_len", "world_size", "kv_cache_bytes", *MODE_OPTIONS}
 
 
 def engine_label(rec: dict) -> str:
@@ -154,7 +154,7 @@ def same_run(records: list[dict], rec: dict | None, engine: str) -> dict | None:
 
 def _workload_setting(rec: dict) -> dict:
     return {k: v for k, v in (rec.get("setting") or {}).items() if k in ("batch", "concurrency", "requests",
-                                                                         "kv_cache_bytes")}
+                                                                         "prompt_len", "kv_cache_bytes")}
 
 
 def phase_engine(phase: str) -> str:
@@ -233,7 +233,8 @@ def varying(records: list[dict], keys=("dtype", "scale")) -> list[str]:
 
 
 # Settings that make rows, not columns: a non-standard offline size, a concurrency level.
-ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}", "kv_cache_bytes": "KV pool {} bytes"}
+ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}", "prompt_len": "{}-token prompts",
+                "kv_cache_bytes": "KV pool {} bytes"}
 
 
 def row_key(rec: dict, vary: list[str]) -> tuple:

@@ -65,10 +65,12 @@ def offline(scale: str = "full", lo: int = 100, hi: int = 1024, seed: int = 0,
     return Workload("offline", requests)
 
 
-def concurrency(c: int, scale: str = "full", seed: int = 0) -> Workload:
+def concurrency(c: int, scale: str = "full", seed: int = 0, prompt_len: int | None = None) -> Workload:
     """Exactly c requests of identical lengths (prompt 512, output 256), submitted together: the
-    throughput of an engine with c requests in flight. Same prompts for every engine and seed."""
-    prompt_len, max_tokens = CONCURRENCY_LENS[scale]
+    throughput of an engine with c requests in flight. Same prompts for every engine and seed.
+    prompt_len replaces the scale's prompt length (long contexts); the output length stays."""
+    standard_len, max_tokens = CONCURRENCY_LENS[scale]
+    prompt_len = prompt_len or standard_len
     rng = random.Random(seed)
     return Workload("concurrency", [([rng.randrange(PROMPT_ID_RANGE) for _ in range(prompt_len)],
                                      greedy(max_tokens)) for _ in range(c)])
