@@ -7,7 +7,7 @@ comparisons run at --scale small on tiny-llama, where only the torch backend exi
 The previous engine (attention over K/V gathered into a padded batch) against this one with
 each attention backend: flash-attn reads K/V in place through the block tables, torch is the
 exact reference that still gathers. At batch 1 and with 64 requests in flight (standard 512-token
-prompts, and in "concurrency-long" prompts that take the context to 4k and 8k); on a GPU the
+prompts, and in "concurrency-long" and "-8k" prompts that take the context to 4k and 8k); on a GPU the
 "syncs" part counts a decode step's host-device synchronizations (CUDA's own sync debug mode),
 and "profile-pair" profiles p05's decode step and p06's in one process.
 """
@@ -43,11 +43,12 @@ GPU_PARTS = {
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,64", "--presets", "llama-1b"),
     "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,64", "--presets", "llama-8b"),
 }
-# Long contexts, 64 in flight: prompts that end decoding at 4k and 8k tokens (llama-1b's 8192 positions),
-# where the gather's extra passes over K/V grow with the context and the rest of the step does not.
-LONG_PROMPTS = (3840, 7936)
-GPU_PARTS["concurrency-long"] = [run for n in LONG_PROMPTS for run in compare(
-    "--workload", "concurrency", "--concurrency", "64", "--prompt-len", str(n), "--presets", "llama-1b")]
+# Long contexts, 64 in flight, decoding to 4k and 8k tokens (llama-1b's 8192 positions): the gather's
+# passes over K/V grow with the context. One part each: at 8k a round takes about two minutes.
+LONG_PROMPTS = {"concurrency-long": 3840, "concurrency-long-8k": 7936}
+for name, n in LONG_PROMPTS.items():
+    GPU_PARTS[name] = compare("--workload", "concurrency", "--concurrency", "64", "--prompt-len", str(n),
+                              "--presets", "llama-1b")
 SMALL = ("--scale", "small", "--presets", "tiny-llama")
 CPU_ENGINES = f"{PREVIOUS},{ENGINE} attention_backend=torch"
 CPU_PARTS = {
