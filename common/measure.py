@@ -56,12 +56,15 @@ def throughput_sample(engine, work, device: str) -> dict:
 
 def warm_up(engine, work) -> None:
     """Compile, allocate and plan before the clock runs: a full run for batch 1 (a compiled
-    engine compiles for its shapes), a few short requests otherwise (so that a router spreads
-    them over every replica: one request warms one replica, and the other's first prefill is slow)."""
+    engine compiles for its shapes); at fixed concurrency every request of the level, 8 tokens
+    each, so that the batch the clock sees has run once (a kernel library may compile a variant
+    per batch size: FlashAttention 4's first round at 64 in flight once took 1.7x the later ones);
+    offline, a few short requests (so that a router spreads them over every replica: one request
+    warms one replica, and the other's first prefill is slow)."""
     if work.name == "latency":
         engine.generate(work.prompts, work.params)
         return
-    warm = work.prompts[:WARMUP_REQUESTS]
+    warm = work.prompts if work.name == "concurrency" else work.prompts[:WARMUP_REQUESTS]
     engine.generate(warm, [workloads.greedy(8)] * len(warm))
 
 

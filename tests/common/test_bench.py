@@ -171,6 +171,21 @@ def test_offline_warm_up_reaches_every_replica():
     assert all(least_outstanding_tokens(costs, 2))          # neither replica is left cold
 
 
+def test_concurrency_warm_up_runs_the_whole_level_once():
+    """At fixed concurrency the warm-up runs all c requests together (8 tokens each): the batch
+    size the clock sees has run before the first round."""
+    prompts = []
+
+    class Recorder:
+        def generate(self, ps, params, use_tqdm=False):
+            prompts.append(ps)
+            assert {p.max_tokens for p in params} == {8}
+
+    work = workloads.concurrency(3 * measure.WARMUP_REQUESTS, "small")
+    measure.warm_up(Recorder(), work)
+    assert prompts == [work.prompts]
+
+
 def test_engines_are_interleaved_round_by_round(tmp_path, monkeypatch):
     """Round i runs every engine on every setting before round i+1 starts, the engines' order
     rotated each round (A B, B A, ...)."""
