@@ -14,9 +14,6 @@ and "profile-pair" profiles p05's decode step and p06's in one process.
 from __future__ import annotations
 
 import sys
-import warnings
-from collections import Counter
-from pathlib import Path
 
 import torch
 
@@ -26,6 +23,7 @@ from common.engines import make_engine
 from common.profile_pair import profile_part
 from common.results import RESULTS, device_tag, provenance, write_records
 from common.sampling import SamplingParams
+from common.sync_count import syncs_per_step
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p06"
@@ -60,58 +58,26 @@ CPU_PARTS = {
 
 
 # --- the syncs part: host-device synchronizations per decode step, counted by CUDA itself -------
-SYNC_WARMUP, SYNC_STEPS, SYNC_BATCHES = 2, 16, (8, 64)
-
-
-def syncs_per_step(llm, batch: int) -> tuple[float, dict[str, int]]:
-    """Decode steps with `batch` requests in flight under torch.cuda.set_sync_debug_mode("warn"),
-    which warns at every synchronizing call: warnings per step (the sampler's fetch of the ids is
-    one), and the Python lines that issued them (file:line -> count over all the steps). The first
-    decode steps run before counting: a kernel library's one-time compile may sync there."""
-    params = SamplingParams(temperature=0, max_tokens=SYNC_WARMUP + SYNC_STEPS + 4, ignore_eos=True)
-    for i in range(batch):
-        llm.add_request(list(range(100 + i, 164 + i)), params)
-    while llm.scheduler.waiting:
-        llm.step()                                                  # prefill
-    for _ in range(SYNC_WARMUP):
-        llm.step()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(SYNC_STEPS):
-                llm.step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    while llm.has_unfinished():
-        llm.step()
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    return len(syncs) / SYNC_STEPS, dict(Counter(f"{short_path(w.filename)}:{w.lineno}" for w in syncs))
-
-
-def short_path(filename: str) -> str:
-    """The file's last three path parts, enough to name its package: "torch/cuda/__init__.py"."""
-    return "/".join(Path(filename).parts[-3:])
+SYNC_BATCHES = (8, 64)
 
 
 def sync_count(argv: list[str], make_command: str) -> None:
+    """Per backend and batch: syncs per decode step, where they happen and who asks (common.sync_count)."""
     name = device_name("cuda")
     for backend in ("flash-attn", "torch"):
         llm = make_engine(ENGINE, "llama-1b", "cuda", "bfloat16", attention_backend=backend, kv_cache_bytes=1 << 30)
         for batch in SYNC_BATCHES:
-            count, sites = syncs_per_step(llm, batch)
             write_records(RESULTS / PHASE / f"syncs-{device_tag(name)}.json",
-                          [sync_record(name, backend, batch, count, sites, make_command)])
+                          [sync_record(name, backend, batch, syncs_per_step(llm, batch), make_command)])
         del llm
 
 
-def sync_record(name: str, backend: str, batch: int, count: float, sites: dict, make_command: str) -> dict:
-    print(f"[bench] {ENGINE} {backend}: {count:g} host-device syncs per decode step (batch {batch}), from {sites}",
-          flush=True)
+def sync_record(name: str, backend: str, batch: int, metrics: dict, make_command: str) -> dict:
+    print(f"[bench] {ENGINE} {backend}: {metrics['syncs_per_step']:g} host-device syncs per decode step "
+          f"(batch {batch}), at {metrics['sync_sites']}, asked by {metrics['sync_callers']}", flush=True)
     return {"phase": PHASE, "engine": ENGINE, "workload": "syncs", "preset": "llama-1b", "dtype": "bfloat16",
             "scale": "full", "device": name, "part": "syncs", "setting": {"batch": batch, "attention_backend": backend},
-            "metrics": {"syncs_per_step": count, "sync_sites": sites},
-            "provenance": provenance(name) | {"make_command": make_command}}
+            "metrics": metrics, "provenance": provenance(name) | {"make_command": make_command}}
 
 
 GPU_PARTS["syncs"] = sync_count
