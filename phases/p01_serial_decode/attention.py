@@ -42,10 +42,12 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(T, H * self.head_dim))
 
     def _attend(self, q, k, v, causal: bool) -> torch.Tensor:
-        # (T, heads, head_dim) -> (heads, T, head_dim) for SDPA. GQA: query head h reads kv head
+        # (T, heads, head_dim) -> (1, heads, T, head_dim) for SDPA: its fused kernels take 4-D
+        # inputs only (3-D ones fall back to the math kernel, which writes out every score and,
+        # with enable_gqa, copies K/V per query head). GQA: query head h reads kv head
         # h // (H / KV), the repeat_interleave layout; enable_gqa does it without copying K/V.
         # Prefill starts at position 0 here, so T == S and the causal mask is the plain lower
         # triangle; a decode step (T == 1) attends to everything.
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)),
                                              is_causal=causal, enable_gqa=True)
-        return out.transpose(0, 1)                             # (T, heads, head_dim)
+        return out[0].transpose(0, 1)                          # (T, heads, head_dim)

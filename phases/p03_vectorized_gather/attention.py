@@ -79,9 +79,11 @@ class Attention(nn.Module):
 
 
 def _causal(q, k, v) -> torch.Tensor:
-    # (T, heads, head_dim) -> (heads, T, head_dim) for SDPA and back. GQA: query head h reads kv
-    # head h // (H / KV), the repeat_interleave layout; enable_gqa does it without copying K/V.
+    # (T, heads, head_dim) -> (1, heads, T, head_dim) for SDPA and back: its fused kernels take 4-D
+    # inputs only, and 3-D ones fall back to the math kernel, which writes out the (heads, T, T)
+    # scores. GQA: query head h reads kv head h // (H / KV), the repeat_interleave layout;
+    # enable_gqa does it without copying K/V.
     with sdpa_kernel(BACKENDS):
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)),
                                              is_causal=True, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

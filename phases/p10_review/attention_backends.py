@@ -64,11 +64,12 @@ class TorchAttention:
 
 
 def _causal(q, k, v) -> torch.Tensor:
-    # (T, heads, D) -> (heads, T, D) for SDPA and back; enable_gqa reads kv head h // (H / KV).
+    # (T, heads, D) -> (1, heads, T, D) for SDPA and back (its fused kernels take 4-D inputs only;
+    # 3-D ones fall back to the math kernel); enable_gqa reads kv head h // (H / KV).
     with sdpa_kernel(SDPA_KERNELS):
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)),
                                              is_causal=True, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 class FlashAttention:
