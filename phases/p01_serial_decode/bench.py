@@ -17,20 +17,25 @@ PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p01"
 PEERS = f"{ENGINE},hf-generate,hf-static"
 
+
+def offline(preset: str, scale: tuple = ()) -> list[list[str]]:
+    return [["--workload", "offline", *scale, "--presets", preset, "--engines", f"{ENGINE},hf-generate"]]
+
+
+FIRST_8_TWICE = ("--scale", "small", "--requests", "8", "--repeats", "2")
 # Random weights in the real shapes: nothing to carry to the GPU, the same work per token.
 GPU_PARTS = {
     "latency": [["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b", "--engines", PEERS]],
     "latency-8b": [["--workload", "latency", "--presets", "llama-8b", "--engines", PEERS]],
     # Both engines decode one request at a time: 16 requests take about 5 minutes a round on an
-    # H200, so the part runs the first 8 of them, twice, to fit one 10-minute call.
-    "offline": [["--workload", "offline", "--scale", "small", "--requests", "8", "--repeats", "2",
-                 "--presets", "llama-1b", "--engines", f"{ENGINE},hf-generate"]],
+    # H200 (llama-1b), so each offline part runs the first 8 of them, twice, to fit one 10-minute call.
+    "offline": offline("llama-1b", FIRST_8_TWICE),
+    "offline-8b": offline("llama-8b", FIRST_8_TWICE),
 }
 CPU_PARTS = {
     "latency": [["--workload", "latency", "--scale", "small", "--presets", "tiny-llama,smollm2-135m",
                  "--engines", f"{ENGINE},hf-generate"]],
-    "offline": [["--workload", "offline", "--scale", "small", "--presets", "tiny-llama",
-                 "--engines", f"{ENGINE},hf-generate"]],
+    "offline": offline("tiny-llama", ("--scale", "small")),
 }
 
 

@@ -42,9 +42,9 @@ def offline(preset: str, scale: tuple = ()) -> list[list[str]]:
 
 
 # A serial previous engine (p01) takes minutes per level at 32 and 64 requests and per full
-# offline set: p02's parts run it at 1 and 8 in flight and on the small offline set, and this
-# engine alone against HF at 32 and 64. On llama-8b four engines at four levels, three rounds, take
-# longer than one 10-minute call: 1 and 8 in flight are one part, 32 and 64 another.
+# offline set: p02's parts run it at 1 and 8 in flight and on the small offline set (8 requests on
+# llama-8b), and this engine alone against HF at 32 and 64. On llama-8b four engines at four levels,
+# three rounds, take longer than one 10-minute call: 1 and 8 in flight, and 32 and 64, are two parts.
 SERIAL_BEFORE = PREVIOUS == "p01"
 HIGH = ENGINE if SERIAL_BEFORE else f"{PREVIOUS},{ENGINE}"      # who runs at 32 and 64 in flight
 GPU_PARTS = {
@@ -54,6 +54,7 @@ GPU_PARTS = {
     "concurrency-8b": concurrency("llama-8b", "1,8"),
     "concurrency-8b-high": concurrency("llama-8b", "32,64", engines=HIGH),
     "offline": offline("llama-1b", ("--scale", "small") if SERIAL_BEFORE else ()),
+    "offline-8b": offline("llama-8b", ("--scale", "small", *(("--requests", "8") if SERIAL_BEFORE else ()))),
 }
 if SERIAL_BEFORE:
     GPU_PARTS["concurrency-high"] = concurrency("llama-1b", "32,64", engines=HIGH)

@@ -5,8 +5,8 @@ interleaved and repeated. On GPUs (2 needed) each part fits one 10-minute call; 
 comparisons run at --scale small on tiny-llama, 2 gloo processes (common.bench_set).
 
 The previous engine on one device against this engine as 2 replicas and as a 2-stage pipeline:
-offline (the standard 256 requests, which one engine holds at once, and 1024, four times what
-one engine runs at once), at fixed concurrency, and the pipeline's batch-1 latency.
+offline (the standard 256 requests, which one engine holds at once; 1024, four times that; on
+llama-8b the first 128, to fit one call), at fixed concurrency, and the pipeline's batch-1 latency.
 """
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ def compare(*run: str, engines: str = ALL) -> list[list[str]]:
 GPU_PARTS = {
     "offline": compare("--workload", "offline", "--presets", "llama-1b"),
     "offline-1024": compare("--workload", "offline", "--requests", "1024", "--repeats", "2", "--presets", "llama-1b"),
+    "offline-8b": compare("--workload", "offline", "--requests", "128", "--presets", "llama-8b"),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b"),
-    "latency": compare("--workload", "latency", "--presets", "llama-1b",
+    "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-8b"),
+    "latency": compare("--workload", "latency", "--presets", "smollm2-135m-random,llama-1b",
                        engines=f"{PREVIOUS},{MODES['pipeline']},hf-static"),
     "latency-8b": compare("--workload", "latency", "--presets", "llama-8b",
                           engines=f"{PREVIOUS},{MODES['pipeline']},hf-static"),

@@ -33,11 +33,15 @@ GPU_PARTS = {
                            engines=f"{ENGINES},hf-generate"),
     "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-8b",
                               engines=f"{ENGINES},hf-generate"),
+    "offline": compare("--workload", "offline", "--presets", "llama-1b"),
+    # llama-8b's full set takes three engines three rounds past one 10-minute call: its first 128.
+    "offline-8b": compare("--workload", "offline", "--requests", "128", "--presets", "llama-8b"),
 }
 SMALL = ("--scale", "small", "--presets", "tiny-llama")
 CPU_PARTS = {
     "latency": compare("--workload", "latency", *SMALL),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8", *SMALL),
+    "offline": compare("--workload", "offline", *SMALL),
 }
 
 
