@@ -14,7 +14,9 @@ phases/*/README.md from the JSON under results/; results are never typed by hand
 Every ratio is taken between records of one run, per repeat pair (common.stats): a cell with no
 same-run baseline stays empty, and a ratio whose range includes 1.0 is marked as noise.
 "% of roofline" divides by one copy bandwidth per device for the whole report (the median of
-every record's measured bandwidth there), so the column compares phases, not machine moods.
+every record's measured bandwidth there), so the column compares phases, not machine moods. CPU
+latency tables have no such column: their small presets sit in the CPU's caches (tiny-llama's
+26 MB ran above the copy bandwidth's floor), so a memory-copy bandwidth bounds nothing there.
 A README without markers is left untouched; an unknown name is reported and left as it is.
 --check writes nothing and exits 1 when any README differs from what would be generated.
 """
@@ -79,12 +81,15 @@ def device_bandwidth(records: list[dict], device: str) -> float | None:
 
 def with_device_roofline(records: list[dict]) -> list[dict]:
     """roofline_frac = bandwidth floor / measured ms per token, with the device's one bandwidth;
-    the run's own figure stays as roofline_frac_run."""
+    the run's own figure stays as roofline_frac_run. A CPU's latency records lose roofline_frac
+    (module docstring); a profile keeps the floor its own run measured."""
     bandwidth = {d: device_bandwidth(records, d) for d in {r["device"] for r in records}}
     out = []
     for r in records:
         m, bw = r["metrics"], bandwidth[r["device"]]
-        if isinstance(m.get("floor_bytes"), (int, float)) and m.get("ms_per_token") and bw:
+        if r["device"] == "cpu" and r["workload"] == "latency":
+            m = {k: v for k, v in m.items() if k != "roofline_frac"}
+        elif isinstance(m.get("floor_bytes"), (int, float)) and m.get("ms_per_token") and bw:
             floor_ms = 1e3 * m["floor_bytes"] / bw
             m = m | {"roofline_frac_run": m.get("roofline_frac"), "roofline_ms_per_token": floor_ms,
                      "roofline_frac": floor_ms / m["ms_per_token"]}
@@ -404,6 +409,10 @@ def ladder_device(records: list[dict], device: str) -> str | None:
                 rows.append([f"[{phase}](phases/{phase})" if first else "", engine, preset, *cells])
                 used += behind
                 first = False
+    col = header.index("% of roofline")
+    if all(row[col] == fmt("roofline_frac", None) for row in rows):      # a CPU's records: no roofline
+        for row in (header, *rows):
+            del row[col]
     dtypes = ", ".join(sorted({str(r.get("dtype")) for r in own}))
     caption = (f"**{device}** ({dtypes}): each phase's own engine (a parallel engine's modes are rows of their "
                f"own); {repeats_text(used)}; every ratio comes from that phase's own run ({RATIO_NOTE}); "

@@ -269,3 +269,19 @@ def test_variants_of_the_phase_engine_are_compared_with_it(tmp_path):
     header, row = rows(report.before_after(report.load_records(tmp_path), "p09_serve", "NVIDIA H200", "concurrency"))
     assert header.endswith("| p09 http vs p09 |")
     assert row.endswith("| 0.95× (0.90–1.00) noise |")
+
+
+def test_cpu_tables_have_no_roofline(tmp_path):
+    """A CPU's small presets sit in its caches: no memory-copy floor, so no '% of roofline' column
+    in the CPU ladder or the CPU's per-phase latency table, while the GPU's keep theirs."""
+    root = make_repo(tmp_path)
+    write(root, "p02_next/latency-cpu.json", [latency("p02_next", "p01", "tiny-llama", 900.0, device="cpu"),
+                                              latency("p02_next", "p02", "tiny-llama", 1000.0, device="cpu")])
+    assert report.main(["--root", str(root)]) == 0
+    h200, cpu = (root / "README.md").read_text().split("**cpu**")
+    assert "% of roofline" in rows(h200)[0] and "% of roofline" not in cpu
+    assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | tiny-llama | 1,000 | 1.00 | – |")
+    phase_h200, phase_cpu = (root / "phases/p02_next/README.md").read_text().split("**cpu**")
+    assert "% of roofline" in phase_h200 and "% of roofline" not in phase_cpu
+    assert all("roofline_frac" not in r["metrics"] for r in report.load_records(root)
+               if r["device"] == "cpu" and r["workload"] == "latency")
