@@ -378,7 +378,8 @@ def ladder_cells(records: list[dict], own: list[dict], phase: str, engine: str, 
     mine = select(own, phase=phase, engine=engine, preset=preset)
     lat = newest(select(mine, workload="latency"))
     at_c = newest([r for r in select(mine, workload="concurrency") if _workload_setting(r) == {"concurrency": top_c}])
-    off = newest([r for r in select(mine, workload="offline") if "requests" not in (r.get("setting") or {})])
+    offline = select(mine, workload="offline")           # a whole set first, else a part's first N requests
+    off = newest([r for r in offline if "requests" not in (r.get("setting") or {})]) or newest(offline)
     prev = prev_engine(phase)
     lat_base = {b: same_run(records, lat, b) for b in (prev, "hf-static")}
     c_base = same_run(records, at_c, prev) if prev else None
@@ -387,9 +388,18 @@ def ladder_cells(records: list[dict], own: list[dict], phase: str, engine: str, 
              *[format_ratio(paired_ratio(lat, b, "decode_tok_s") if b else None) for b in lat_base.values()],
              fmt("output_tok_s", metric(at_c, "output_tok_s")),
              format_ratio(paired_ratio(at_c, c_base, "output_tok_s") if c_base else None),
-             fmt("output_tok_s", metric(off, "output_tok_s")) + (f" ({off['scale']})" if off and off.get("scale") != "full" else "")]
+             fmt("output_tok_s", metric(off, "output_tok_s")) + offline_set(off)]
     used = [r for r in (lat, at_c, off, *lat_base.values(), c_base) if r]
     return cells, used
+
+
+def offline_set(off: dict | None) -> str:
+    """Which offline set a ladder cell measured, where it is not the full one: " (small)",
+    " (small, 8 requests)"."""
+    n = ((off or {}).get("setting") or {}).get("requests")
+    names = [off["scale"]] if off and off.get("scale") != "full" else []
+    names += [f"{n} requests"] if n else []
+    return f" ({', '.join(names)})" if names else ""
 
 
 def ladder_device(records: list[dict], device: str) -> str | None:

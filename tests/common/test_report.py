@@ -285,3 +285,15 @@ def test_cpu_tables_have_no_roofline(tmp_path):
     assert "% of roofline" in phase_h200 and "% of roofline" not in phase_cpu
     assert all("roofline_frac" not in r["metrics"] for r in report.load_records(root)
                if r["device"] == "cpu" and r["workload"] == "latency")
+
+
+def test_ladder_offline_cell_names_a_partial_set(tmp_path):
+    """The whole offline set comes first; a part that ran only the first N requests fills the cell
+    when nothing else did, and says so."""
+    root = make_repo(tmp_path)
+    part = record("p01_serial", "p01", "llama-1b", "offline", output_tok_s=86.0, setting={"requests": 8})
+    write(root, "p01_serial/offline-h200.json", [part | {"scale": "small"}])
+    assert report.main(["--root", str(root)]) == 0
+    h200 = (root / "README.md").read_text().split("**cpu**")[0]
+    assert rows(h200)[1].endswith("| 86.0 (small, 8 requests) |")
+    assert rows(h200)[2].endswith("| 5,000 |")                  # p02's whole set: no label
