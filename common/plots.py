@@ -104,7 +104,8 @@ def roofline(records: list[dict], ax, *, text: str = "ms per token vs bandwidth 
     highs = [metric(r, "ms_per_token") or 0 for r in records]
     if lows and max(highs) > 30 * min(lows):
         ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    if lows:
+        ax.legend(fontsize=8)
 
 
 def roofline_frac(records: list[dict], ax, *, text: str = "% of bandwidth roofline") -> None:
@@ -115,12 +116,15 @@ def roofline_frac(records: list[dict], ax, *, text: str = "% of bandwidth roofli
 
 
 def latency_figure(records: list[dict]):
-    """The three latency panels for one device: tok/s, ms/token vs floor, % of roofline."""
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    """The latency panels for one device: tok/s, ms/token vs floor, % of roofline; records without
+    a roofline (a CPU's, common.report) get the first two, without a floor."""
+    with_roofline = any(metric(r, "roofline_frac") is not None for r in records)
+    fig, axes = plt.subplots(1, 3 if with_roofline else 2, figsize=(16 if with_roofline else 11, 4.5))
     bar_by_engine(records, "decode_tok_s", axes[0], ylabel="decode tok/s (higher is better)",
                   text="batch-1 decode speed")
-    roofline(records, axes[1])
-    roofline_frac(records, axes[2])
+    roofline(records, axes[1], text="ms per token vs bandwidth floor" if with_roofline else "ms per token")
+    if with_roofline:
+        roofline_frac(records, axes[2])
     fig.tight_layout()
     return fig
 

@@ -81,14 +81,14 @@ def device_bandwidth(records: list[dict], device: str) -> float | None:
 
 def with_device_roofline(records: list[dict]) -> list[dict]:
     """roofline_frac = bandwidth floor / measured ms per token, with the device's one bandwidth;
-    the run's own figure stays as roofline_frac_run. A CPU's latency records lose roofline_frac
-    (module docstring); a profile keeps the floor its own run measured."""
+    the run's own figure stays as roofline_frac_run. A CPU's latency records lose their roofline
+    fields (module docstring); a profile keeps the floor its own run measured."""
     bandwidth = {d: device_bandwidth(records, d) for d in {r["device"] for r in records}}
     out = []
     for r in records:
         m, bw = r["metrics"], bandwidth[r["device"]]
         if r["device"] == "cpu" and r["workload"] == "latency":
-            m = {k: v for k, v in m.items() if k != "roofline_frac"}
+            m = {k: v for k, v in m.items() if not k.startswith("roofline")}
         elif isinstance(m.get("floor_bytes"), (int, float)) and m.get("ms_per_token") and bw:
             floor_ms = 1e3 * m["floor_bytes"] / bw
             m = m | {"roofline_frac_run": m.get("roofline_frac"), "roofline_ms_per_token": floor_ms,
