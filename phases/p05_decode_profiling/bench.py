@@ -7,13 +7,16 @@ comparisons run at --scale small on tiny-llama (common.bench_set).
 The profile is this phase's product (`make phase-NN profile`); the benchmark measures what came
 of it: the previous engine on one device against this one (the lean step: fused RMSNorm, key mask
 made once per step), and this one with lean_step=0, whose difference from the previous engine is
-the price of the stage ranges while no profiler records (nothing, if they are right).
+the price of the stage ranges while no profiler records (nothing, if they are right). The
+"profile-pair" part profiles this engine's step without the fixes (lean_step=0) and with them in
+one process, in rotated rounds (common.profile_pair), so the profile's two steps compare per round.
 """
 from __future__ import annotations
 
 import sys
 
 from common.bench_set import run_parts
+from common.profile_pair import profile_part
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p05"
@@ -43,6 +46,11 @@ CPU_PARTS = {
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8", *SMALL),
     "offline": compare("--workload", "offline", *SMALL),
 }
+
+
+# --- the profile-pair part: the step without the fixes and with them, profiled in one process -----
+GPU_PARTS["profile-pair"] = CPU_PARTS["profile-pair"] = profile_part(PHASE, [(ENGINE, {"lean_step": 0}),
+                                                                         (ENGINE, {"lean_step": 1})])
 
 
 def main(argv: list[str]) -> None:
