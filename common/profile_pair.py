@@ -85,7 +85,8 @@ def print_ratios(merged: dict, engines: list[tuple[str, dict]]) -> None:
         if k == 0:
             continue
         ratios = {key: stats.format_ratio(stats.paired_ratio(rec, merged[0, batch], key)) for key in COMPARED}
-        print(f"[bench]   {rec['engine']} {engines[k][1] or ''} vs {engines[0][0]} batch {batch}: {ratios}", flush=True)
+        print(f"[bench]   {rec['engine']} {engines[k][1] or ''} vs {engines[0][0]} {engines[0][1] or ''} batch {batch}: "
+              f"{ratios}", flush=True)
 
 
 def print_summary(rec: dict, options: dict) -> None:
