@@ -4,10 +4,10 @@ Each part is one or more comparisons run by common.bench: the engines of a compa
 measured in one process, interleaved and repeated. On a GPU each part fits one 10-minute call;
 on a CPU the same comparisons run at --scale small on small presets (common.bench_set).
 
-Batching pays with requests in flight: the previous engine beside this one and HF `generate`
-(as shipped, and with cuDNN's attention ruled out) at fixed concurrency and offline; batch-1
-latency beside HF's compiled static cache. Besides common's workloads, the "gather" part measures
-the KV gather's share of a decode step.
+Batching pays with requests in flight: the previous engine beside this one at fixed concurrency
+(with HF `generate` as shipped and with cuDNN's attention ruled out) and offline (where HF would
+serve the set one request at a time); batch-1 latency beside HF's compiled static cache. The
+"gather" part measures the KV gather's share of a decode step.
 """
 from __future__ import annotations
 
