@@ -8,6 +8,7 @@ min-max range as an error bar (common.stats.paired_ratio); records of different 
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402  (after choosing the backend)
 
 from .report import metric, newest, order_devices, order_engines, order_presets, same_run, select   # noqa: E402
+from .results import ROOT   # noqa: E402
 from .stats import paired_ratio   # noqa: E402
 
 COLORS = {"hf-generate": "tab:gray", "hf-static": "tab:olive", "hf-generate-nocudnn": "tab:brown"}
@@ -219,9 +221,25 @@ def png_path(records: list[dict], suffix: str = "") -> Path:
 
 
 def save(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Write a PNG (creating the folder) and close the figure; returns the path."""
-    path = Path(path)
+    """Write a PNG (creating the folder) and close the figure; returns the path written.
+
+    With MINI_INFER_FIGURES set to a folder (the notebook tests set it), a path inside the
+    repository is written under that folder instead, so a test run leaves the committed PNGs alone."""
+    path = _figure_path(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def _figure_path(path: Path) -> Path:
+    """`path`, or its place under $MINI_INFER_FIGURES when that is set and `path` is in the repo."""
+    redirect = os.environ.get("MINI_INFER_FIGURES")
+    if not redirect:
+        return path
+    full = path if path.is_absolute() else Path.cwd() / path
+    try:
+        return Path(redirect) / full.resolve().relative_to(ROOT)
+    except ValueError:                 # outside the repository: nothing committed to protect
+        return path
+

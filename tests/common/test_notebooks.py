@@ -12,8 +12,10 @@ MEASURED = re.compile(r"\d[\d,.]*\s*(tok/s|ms|s\b|%|GiB|GB/s|×|x\b)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path):
-    """Run a copy (the committed notebook keeps its stored outputs); cwd is the repo root."""
+def test_notebook_executes(path, tmp_path, monkeypatch):
+    """Run a copy (the committed notebook keeps its stored outputs); cwd is the repo root, and its
+    figures go to tmp_path (the committed PNGs stay as the last deliberate run left them)."""
+    monkeypatch.setenv("MINI_INFER_FIGURES", str(tmp_path / "figures"))
     copy = shutil.copy(path, tmp_path / path.name)
     notebooks.execute(copy)
     nb = nbformat.read(copy, as_version=4)

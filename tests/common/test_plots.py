@@ -18,3 +18,26 @@ def test_latency_figure_has_a_roofline_panel_only_with_a_roofline():
     floored = [latency("p01", 100.0, roofline_ms_per_token=5.0, roofline_frac=0.5)]
     fig = plots.latency_figure(floored)
     assert len(fig.axes) == 3 and fig.axes[2].get_ylabel() == "% of roofline"
+
+
+def _blank():
+    fig, ax = plots.plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    return fig
+
+
+def test_save_redirects_repo_paths_under_mini_infer_figures(tmp_path, monkeypatch):
+    """Tests set MINI_INFER_FIGURES so a notebook run leaves the committed PNGs alone."""
+    monkeypatch.setenv("MINI_INFER_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.chdir(plots.ROOT)
+    wrote = plots.save(_blank(), "results/p00_none/latency-cpu.png")
+    assert wrote == tmp_path / "figures" / "results/p00_none/latency-cpu.png"
+    assert wrote.is_file() and not (plots.ROOT / "results/p00_none").exists()
+    outside = tmp_path / "elsewhere" / "x.png"          # not in the repository: written where asked
+    assert plots.save(_blank(), outside) == outside and outside.is_file()
+
+
+def test_save_writes_where_asked_without_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINI_INFER_FIGURES", raising=False)
+    assert plots.save(_blank(), tmp_path / "a" / "b.png").is_file()
+
