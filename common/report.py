@@ -50,11 +50,11 @@ RATIO_NOTE = ("ratios per repeat pair of one run: median (min–max); *noise* wh
 
 
 # --- records ------------------------------------------------------------------------------------
-def load_records(root: Path = ROOT) -> list[dict]:
+def load_records(root: Path = ROOT, pattern: str = "*/*.json") -> list[dict]:
     """Every record under root/results/*/*.json, with its "file" and its engine label; the
     roofline fraction recomputed against the device's one bandwidth figure (device_bandwidth)."""
     records = []
-    for file in sorted((root / "results").glob("*/*.json")):
+    for file in sorted((root / "results").glob(pattern)):
         try:
             data = json.loads(file.read_text())
         except (OSError, json.JSONDecodeError) as err:
@@ -64,6 +64,11 @@ def load_records(root: Path = ROOT) -> list[dict]:
         records += [r | {"file": rel, "engine": engine_label(r)}
                     for r in (data if isinstance(data, list) else []) if _valid(r)]
     return with_device_roofline(records)
+
+
+def load_history(root: Path = ROOT) -> list[dict]:
+    """The earlier runs that re-runs replaced (results/*/history/*.json, common.results.write_records)."""
+    return load_records(root, "*/history/*.json")
 
 
 def _valid(rec) -> bool:
@@ -320,24 +325,51 @@ HEADLINES = {
 }
 
 
-def headline(records: list[dict], phase: str) -> str:
+def headline_records(records: list[dict], phase: str) -> list[dict]:
+    """The phase's own engine at its headline setting (HEADLINES), every run in `records`."""
+    workload, preset, setting, mine, _, device = HEADLINES[phase]
+    return [r for r in select(records, phase=phase, workload=workload, preset=preset, device=device, engine=mine)
+            if _workload_setting(r) == setting]
+
+
+def headline(records: list[dict], phase: str, history: list[dict] | None = None) -> str:
     """"p03 vs p02 at c=64 on llama-1b, NVIDIA H200: 3.25× (2.94–4.02) output tok/s, ..." from the
-    newest record of the phase's headline setting and the baseline of the same run."""
+    newest record of the phase's headline setting and the baseline of the same run; then, where
+    the same part ran more than once (`history`: earlier runs, default this checkout's), the
+    spread across those runs."""
     spec = HEADLINES.get(phase)
     if spec is None:
         return "_No headline defined for this phase (common/report.py HEADLINES)._"
     workload, preset, setting, mine, base, device = spec
     key = WORKLOADS[workload][0]
-    cands = [r for r in select(records, phase=phase, workload=workload, preset=preset, device=device, engine=mine)
-             if _workload_setting(r) == setting]
-    rec = newest(cands)
+    rec = newest(headline_records(records, phase))
     other = same_run(records, rec, base)
     if not (rec and other):
         return f"_No same-run measurement of {mine} vs {base} yet: run the part named below, then `make results`._"
     where = ", ".join(f"{k}={v}" for k, v in setting.items()) or "the standard set"
+    command = (rec.get("provenance") or {}).get("make_command", "?")
+    history = load_history() if history is None else history
     return (f"**{format_ratio(paired_ratio(rec, other, key))}** {WORKLOADS[workload][1]}, {mine} vs {base} "
             f"({where}, {preset}, {rec['dtype']}, {device}; {fmt(key, metric(rec, key))} vs {fmt(key, metric(other, key))}, "
-            f"{repeats_text([rec])}, one run). Reproduce: `{(rec.get('provenance') or {}).get('make_command', '?')}`.")
+            f"{repeats_text([rec])}, one run).{across_runs(records + history, phase, command)} Reproduce: `{command}`.")
+
+
+def across_runs(records: list[dict], phase: str, command: str) -> str:
+    """" Across the 3 runs of this part in results/ (git a, b, c): run medians 3.24–4.00×, repeat
+    pairs 2.98–4.34×." for the headline's runs made by `command`; "" for fewer than two runs."""
+    key, base = WORKLOADS[HEADLINES[phase][0]][0], HEADLINES[phase][4]
+    runs = sorted((r for r in headline_records(records, phase)
+                   if (r.get("provenance") or {}).get("make_command") == command),
+                  key=lambda r: r["provenance"].get("utc", ""))
+    ratios = [(r, paired_ratio(r, same_run(records, r, base) or {}, key)) for r in runs]
+    ratios = [(r, ratio) for r, ratio in ratios if ratio]
+    if len(ratios) < 2:
+        return ""
+    shas = ", ".join(short_sha(r["provenance"].get("git_sha", "?")) for r, _ in ratios)
+    medians = [ratio["median"] for _, ratio in ratios]
+    return (f" Across the {len(ratios)} runs of this part in results/ (git {shas}, oldest first): run medians "
+            f"{min(medians):.2f}–{max(medians):.2f}×, repeat pairs {min(x['min'] for _, x in ratios):.2f}–"
+            f"{max(x['max'] for _, x in ratios):.2f}×.")
 
 
 # --- profile: decode-step profile records of a phase, per device --------------------------------
@@ -437,12 +469,12 @@ def ladder(records: list[dict]) -> str:
 
 
 # --- README rewriting ---------------------------------------------------------------------------
-def build(name: str, phase: str | None, records: list[dict]) -> str | None:
+def build(name: str, phase: str | None, records: list[dict], history: list[dict] = ()) -> str | None:
     """The generated body for marker `name` (None when the name is unknown here)."""
     if name == "ladder":
         return ladder(records)
     if phase and name == "headline":
-        return headline(records, phase)
+        return headline(records, phase, list(history))
     if phase and name == "profile":
         return profile_tables(records, phase)
     if phase and name == "before-after":
@@ -452,9 +484,9 @@ def build(name: str, phase: str | None, records: list[dict]) -> str | None:
     return None
 
 
-def render(text: str, phase: str | None, records: list[dict], where: str = "") -> str:
+def render(text: str, phase: str | None, records: list[dict], where: str = "", history: list[dict] = ()) -> str:
     def replace(m: re.Match) -> str:
-        body = build(m.group(2), phase, records)
+        body = build(m.group(2), phase, records, history)
         if body is None:
             print(f"[report] {where}: unknown marker results:{m.group(2)}, left as it is", file=sys.stderr)
             return m.group(0)
@@ -474,11 +506,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if any README is stale")
     p.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
     args = p.parse_args(argv)
-    records = load_records(args.root)
+    records, history = load_records(args.root), load_history(args.root)
     stale = []
     for path, phase in readmes(args.root):
         text = path.read_text()
-        new = render(text, phase, records, where=str(path.relative_to(args.root)))
+        new = render(text, phase, records, where=str(path.relative_to(args.root)), history=history)
         if new != text:
             stale.append(path.relative_to(args.root))
             if not args.check:

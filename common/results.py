@@ -57,12 +57,30 @@ def record_key(rec: dict) -> str:
                        rec["device"], rec["setting"]], sort_keys=True)
 
 
+def history_path(path: Path) -> Path:
+    """Where the records that `path` no longer holds go: results/<phase>/history/<same name>."""
+    return path.parent / "history" / path.name
+
+
 def write_records(path: Path, records: list[dict]) -> None:
-    """Merge `records` into the file at `path`, replacing records with the same key."""
+    """Merge `records` into the file at `path`, replacing records with the same key.
+
+    The result file holds each measurement's newest run. A record replaced by one of another run
+    is appended to history_path(path), so a re-run keeps the runs before it (how far a ratio moves
+    from run to run is itself a result). A record rewritten within its own run (common.bench
+    writes after every round) or without a run id is simply replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else []
-    new_keys = {record_key(r) for r in records}
-    merged = [r for r in old if record_key(r) not in new_keys] + records
+    new_runs = {record_key(r): r.get("run_id") for r in records}
+    replaced = [r for r in old if record_key(r) in new_runs]
+    superseded = [r for r in replaced if r.get("run_id") and new_runs[record_key(r)]
+                  and r["run_id"] != new_runs[record_key(r)]]
+    if superseded:
+        archive = history_path(path)
+        archive.parent.mkdir(exist_ok=True)
+        kept = json.loads(archive.read_text()) if archive.exists() else []
+        archive.write_text(json.dumps(kept + superseded, indent=1) + "\n")
+    merged = [r for r in old if record_key(r) not in new_runs] + records
     path.write_text(json.dumps(merged, indent=1) + "\n")
 
 

@@ -126,11 +126,30 @@ def test_one_bandwidth_per_device_for_the_roofline(tmp_path):
 def test_headline_is_one_same_run_ratio_with_its_command(tmp_path, monkeypatch):
     root = make_repo(tmp_path)
     monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "p01", "NVIDIA H200"))
-    text = report.headline(report.load_records(root), "p02_next")
+    text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
     assert text.startswith("**2.50× (2.00–3.00)** decode tok/s, p02 vs p01 (batch=1, llama-1b, bfloat16, NVIDIA H200;")
-    assert text.endswith("Reproduce: `make phase-02 bench PART=latency`.")
+    assert text.endswith("one run). Reproduce: `make phase-02 bench PART=latency`.")   # one run: no spread across runs
     monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "hf-static", "NVIDIA H200"))
-    assert "No same-run measurement" in report.headline(report.load_records(root), "p02_next")
+    assert "No same-run measurement" in report.headline(report.load_records(root), "p02_next", [])
+
+
+def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, monkeypatch):
+    """Earlier runs of the same part (results/*/history/) add their medians and pairs; the bold
+    ratio stays the newest run's, and a run made by another part is left out."""
+    root = make_repo(tmp_path)
+    monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "p01", "NVIDIA H200"))
+    older = [latency("p02_next", "p01", "llama-1b", 100.0, run="run-0", samples=[100.0, 100.0, 100.0]),
+             latency("p02_next", "p02", "llama-1b", 180.0, run="run-0", samples=[180.0, 150.0, 400.0])]
+    other_part = [latency("p02_next", e, "llama-1b", t, run="run-x", samples=[t] * 3) for e, t in (("p01", 10.0), ("p02", 990.0))]
+    for r in older + other_part:
+        r["provenance"]["utc"] = "2030-01-01T00:00:00+00:00"
+    for r in other_part:
+        r["provenance"]["make_command"] = "make phase-02 bench PART=latency-8b"
+    write(root, "p02_next/history/latency-h200.json", older + other_part)
+    text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
+    assert text.startswith("**2.50× (2.00–3.00)** decode tok/s")
+    assert ("one run). Across the 2 runs of this part in results/ (git 0123456, 0123456, oldest first): "
+            "run medians 1.80–2.50×, repeat pairs 1.50–4.00×. Reproduce: `make phase-02 bench PART=latency`.") in text
 
 
 def test_idempotent_and_check(tmp_path, capsys):

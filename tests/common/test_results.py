@@ -1,0 +1,51 @@
+"""common.results.write_records: the newest run per measurement, earlier runs kept in history/."""
+import json
+
+from common import report
+from common.results import history_path, write_records
+
+
+def rec(run_id, tok_s, engine="p02", concurrency=64):
+    return {"phase": "p02_next", "engine": engine, "workload": "concurrency", "preset": "llama-1b",
+            "dtype": "bfloat16", "scale": "full", "device": "NVIDIA H200", "setting": {"concurrency": concurrency},
+            "run_id": run_id, "metrics": {"output_tok_s": tok_s}}
+
+
+def read(path):
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def test_a_record_replaced_by_another_run_moves_to_history(tmp_path):
+    path = tmp_path / "results" / "p02_next" / "concurrency-h200.json"
+    write_records(path, [rec("run-a", 100.0), rec("run-a", 50.0, concurrency=8)])
+    write_records(path, [rec("run-b", 120.0)])
+    assert sorted((r["run_id"], r["setting"]["concurrency"]) for r in read(path)) == [("run-a", 8), ("run-b", 64)]
+    assert history_path(path) == tmp_path / "results" / "p02_next" / "history" / "concurrency-h200.json"
+    assert [(r["run_id"], r["metrics"]["output_tok_s"]) for r in read(history_path(path))] == [("run-a", 100.0)]
+    write_records(path, [rec("run-c", 130.0)])                  # history grows, oldest first
+    assert [r["run_id"] for r in read(history_path(path))] == ["run-a", "run-b"]
+
+
+def test_a_record_rewritten_within_its_own_run_is_not_history(tmp_path):
+    """common.bench rewrites its records after every round: those rounds are one run."""
+    path = tmp_path / "concurrency-h200.json"
+    for tok_s in (100.0, 110.0, 120.0):
+        write_records(path, [rec("run-a", tok_s)])
+    assert [r["metrics"]["output_tok_s"] for r in read(path)] == [120.0]
+    assert not history_path(path).exists()
+
+
+def test_records_without_a_run_id_are_simply_replaced(tmp_path):
+    path = tmp_path / "kernel-h200.json"
+    write_records(path, [rec(None, 1.0)])
+    write_records(path, [rec(None, 2.0)])
+    assert [r["metrics"]["output_tok_s"] for r in read(path)] == [2.0]
+    assert not history_path(path).exists()
+
+
+def test_tables_read_the_newest_run_only(tmp_path):
+    path = tmp_path / "results" / "p02_next" / "concurrency-h200.json"
+    write_records(path, [rec("run-a", 100.0)])
+    write_records(path, [rec("run-b", 120.0)])
+    assert [r["run_id"] for r in report.load_records(tmp_path)] == ["run-b"]
+    assert [r["run_id"] for r in report.load_history(tmp_path)] == ["run-a"]
