@@ -356,7 +356,9 @@ def headline(records: list[dict], phase: str, history: list[dict] | None = None)
 
 def across_runs(records: list[dict], phase: str, command: str) -> str:
     """" Across the 3 runs of this part in results/ (git a, b, c): run medians 3.24–4.00×, repeat
-    pairs 2.98–4.34×." for the headline's runs made by `command`; "" for fewer than two runs."""
+    pairs 2.98–4.34×; the newest run's median lies outside the pairs of the runs before it
+    (3.53–4.34×)." for the headline's runs made by `command`; "" for fewer than two runs. The
+    last clause is the reproduction check: did the newest run land where the earlier ones did?"""
     key, base = WORKLOADS[HEADLINES[phase][0]][0], HEADLINES[phase][4]
     runs = sorted((r for r in headline_records(records, phase)
                    if (r.get("provenance") or {}).get("make_command") == command),
@@ -367,9 +369,13 @@ def across_runs(records: list[dict], phase: str, command: str) -> str:
         return ""
     shas = ", ".join(short_sha(r["provenance"].get("git_sha", "?")) for r, _ in ratios)
     medians = [ratio["median"] for _, ratio in ratios]
+    before = [ratio for _, ratio in ratios[:-1]]
+    lo, hi = min(x["min"] for x in before), max(x["max"] for x in before)
+    where = "inside" if lo <= medians[-1] <= hi else "outside"
     return (f" Across the {len(ratios)} runs of this part in results/ (git {shas}, oldest first): run medians "
             f"{min(medians):.2f}–{max(medians):.2f}×, repeat pairs {min(x['min'] for _, x in ratios):.2f}–"
-            f"{max(x['max'] for _, x in ratios):.2f}×.")
+            f"{max(x['max'] for _, x in ratios):.2f}×; the newest run's median lies {where} the pairs of the "
+            f"run{'s' if len(before) > 1 else ''} before it ({lo:.2f}–{hi:.2f}×).")
 
 
 # --- profile: decode-step profile records of a phase, per device --------------------------------

@@ -149,7 +149,13 @@ def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, mon
     text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
     assert text.startswith("**2.50× (2.00–3.00)** decode tok/s")
     assert ("one run). Across the 2 runs of this part in results/ (git 0123456, 0123456, oldest first): "
-            "run medians 1.80–2.50×, repeat pairs 1.50–4.00×. Reproduce: `make phase-02 bench PART=latency`.") in text
+            "run medians 1.80–2.50×, repeat pairs 1.50–4.00×; the newest run's median lies inside the pairs of the "
+            "run before it (1.50–4.00×). Reproduce: `make phase-02 bench PART=latency`.") in text
+    older[1]["samples"] = [{"repeat": i, "decode_tok_s": v} for i, v in enumerate([110.0, 120.0, 130.0])]
+    write(root, "p02_next/history/latency-h200.json", older)
+    text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
+    assert "run medians 1.20–2.50×, repeat pairs 1.10–3.00×; the newest run's median lies outside" in text
+    assert "(1.10–1.30×)" in text
 
 
 def test_idempotent_and_check(tmp_path, capsys):
