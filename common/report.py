@@ -8,7 +8,9 @@ phases/*/README.md from the JSON under results/; results are never typed by hand
   before-after           phases/pNN_*/README.md: previous phase vs this phase vs peers, per device,
                          for every workload the phase measured (latency, offline, concurrency)
   before-after-latency   the same, latency only (likewise -offline, -concurrency)
-  headline               phases/pNN_*/README.md: one sentence, the phase's headline ratio (HEADLINES)
+  headline               phases/pNN_*/README.md: one sentence, the phase's headline ratio (HEADLINES),
+                         and, once its part has run more than once, the spread across the runs
+                         that results/*/history/ keeps (common.results.write_records)
   profile                phases/pNN_*/README.md: decode-step profile records, per device
 
 Every ratio is taken between records of one run, per repeat pair (common.stats): a cell with no
@@ -51,8 +53,9 @@ RATIO_NOTE = ("ratios per repeat pair of one run: median (min–max); *noise* wh
 
 # --- records ------------------------------------------------------------------------------------
 def load_records(root: Path = ROOT, pattern: str = "*/*.json") -> list[dict]:
-    """Every record under root/results/*/*.json, with its "file" and its engine label; the
-    roofline fraction recomputed against the device's one bandwidth figure (device_bandwidth)."""
+    """Every record under root/results/*/*.json (or `pattern`), with its "file" and its engine
+    label; the roofline fraction recomputed against the device's one bandwidth figure
+    (device_bandwidth). The tables read these: each measurement's newest run."""
     records = []
     for file in sorted((root / "results").glob(pattern)):
         try:
@@ -354,17 +357,35 @@ def headline(records: list[dict], phase: str, history: list[dict] | None = None)
             f"{repeats_text([rec])}, one run).{across_runs(records + history, phase, command)} Reproduce: `{command}`.")
 
 
+def headline_runs(records: list[dict], phase: str, command: str | None = None) -> list[tuple[dict, dict]]:
+    """(the phase engine's record, its same-run ratio over the baseline) for every run of the
+    headline setting in `records` (made by `command`, when given), oldest first."""
+    key, base = WORKLOADS[HEADLINES[phase][0]][0], HEADLINES[phase][4]
+    runs = sorted((r for r in headline_records(records, phase)
+                   if command is None or (r.get("provenance") or {}).get("make_command") == command),
+                  key=lambda r: (r.get("provenance") or {}).get("utc", ""))
+    ratios = [(r, paired_ratio(r, same_run(records, r, base) or {}, key)) for r in runs]
+    return [(r, ratio) for r, ratio in ratios if ratio]
+
+
+def runs_table(records: list[dict], phase: str) -> str:
+    """Markdown, one row per run of the headline setting (pass current and history records):
+    when it ran, at which commit, both engines' medians and the ratio with its range."""
+    workload, _, _, mine, base, _ = HEADLINES[phase]
+    key = WORKLOADS[workload][0]
+    rows = [[(r.get("provenance") or {}).get("utc", "?")[:16].replace("T", " "),
+             short_sha((r.get("provenance") or {}).get("git_sha", "?")), str(r.get("repeats", "?")),
+             fmt(key, metric(r, key)), fmt(key, metric(same_run(records, r, base), key)), format_ratio(ratio)]
+            for r, ratio in headline_runs(records, phase)]
+    return table(["run (UTC)", "git", "repeats", mine, base, f"{mine} vs {base}"], rows)
+
+
 def across_runs(records: list[dict], phase: str, command: str) -> str:
     """" Across the 3 runs of this part in results/ (git a, b, c): run medians 3.24–4.00×, repeat
     pairs 2.98–4.34×; the newest run's median lies outside the pairs of the runs before it
     (3.53–4.34×)." for the headline's runs made by `command`; "" for fewer than two runs. The
     last clause is the reproduction check: did the newest run land where the earlier ones did?"""
-    key, base = WORKLOADS[HEADLINES[phase][0]][0], HEADLINES[phase][4]
-    runs = sorted((r for r in headline_records(records, phase)
-                   if (r.get("provenance") or {}).get("make_command") == command),
-                  key=lambda r: r["provenance"].get("utc", ""))
-    ratios = [(r, paired_ratio(r, same_run(records, r, base) or {}, key)) for r in runs]
-    ratios = [(r, ratio) for r, ratio in ratios if ratio]
+    ratios = headline_runs(records, phase, command)
     if len(ratios) < 2:
         return ""
     shas = ", ".join(short_sha(r["provenance"].get("git_sha", "?")) for r, _ in ratios)

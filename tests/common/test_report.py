@@ -156,6 +156,9 @@ def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, mon
     text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
     assert "run medians 1.20–2.50×, repeat pairs 1.10–3.00×; the newest run's median lies outside" in text
     assert "(1.10–1.30×)" in text
+    runs = rows(report.runs_table(report.load_records(root) + report.load_history(root), "p02_next"))
+    assert runs[0] == "| run (UTC) | git | repeats | p02 | p01 | p02 vs p01 |"
+    assert [r.split(" | ")[-1] for r in runs[1:]] == ["1.20× (1.10–1.30) |", "2.50× (2.00–3.00) |"]  # oldest first
 
 
 def test_idempotent_and_check(tmp_path, capsys):
