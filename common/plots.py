@@ -214,6 +214,23 @@ def part_of_step(records: list[dict], ax, *, part_key: str = "gather_ms", total_
     title(ax, text, have or records)
 
 
+def runs_figure(runs: list[tuple[dict, dict]], ylabel: str, text: str):
+    """One point per run (report.headline_runs: a record and its same-run ratio), oldest first:
+    the median of the run's repeat pairs, the bar their min-max; the dotted line is no change."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    for i, (_, r) in enumerate(runs):
+        ax.errorbar([i], [r["median"]], yerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]],
+                    fmt="o", color="C0", capsize=4)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    labels = [f"{rec['provenance']['utc'][:16].replace('T', ' ')}\ngit {rec['provenance']['git_sha'][:7]}"
+              for rec, _ in runs]
+    ax.set_xticks(range(len(runs)), labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(text, fontsize=9)
+    ax.set_ylim(bottom=0)
+    return fig
+
+
 def png_path(records: list[dict], suffix: str = "") -> Path:
     """results/<phase>/<workload>-<device>.png beside the JSON the records came from."""
     file = Path(records[0]["file"])
@@ -242,4 +259,3 @@ def _figure_path(path: Path) -> Path:
         return Path(redirect) / full.resolve().relative_to(ROOT)
     except ValueError:                 # outside the repository: nothing committed to protect
         return path
-

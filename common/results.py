@@ -72,9 +72,7 @@ def write_records(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else []
     new_runs = {record_key(r): r.get("run_id") for r in records}
-    replaced = [r for r in old if record_key(r) in new_runs]
-    superseded = [r for r in replaced if r.get("run_id") and new_runs[record_key(r)]
-                  and r["run_id"] != new_runs[record_key(r)]]
+    superseded = [r for r in old if r.get("run_id") and new_runs.get(record_key(r)) not in (None, r["run_id"])]
     if superseded:
         archive = history_path(path)
         archive.parent.mkdir(exist_ok=True)

@@ -40,4 +40,3 @@ def test_save_redirects_repo_paths_under_mini_infer_figures(tmp_path, monkeypatc
 def test_save_writes_where_asked_without_the_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("MINI_INFER_FIGURES", raising=False)
     assert plots.save(_blank(), tmp_path / "a" / "b.png").is_file()
-
