@@ -1,0 +1,83 @@
+"""common.runs on synthetic result files in a temporary repository root, and on this checkout."""
+import json
+from pathlib import Path
+
+from common import runs
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PHASE = "p03_vectorized_gather"          # a phase with a headline in common.report.HEADLINES
+
+
+def record(engine, run, sha, utc, samples, concurrency=64, device="NVIDIA H200", part="concurrency"):
+    return {"phase": PHASE, "engine": engine, "workload": "concurrency", "preset": "llama-1b",
+            "dtype": "bfloat16", "scale": "full", "setting": {"concurrency": concurrency}, "device": device,
+            "run_id": run, "part": part, "repeats": len(samples),
+            "metrics": {"output_tok_s": sorted(samples)[len(samples) // 2]},
+            "samples": [{"repeat": i, "output_tok_s": v} for i, v in enumerate(samples)],
+            "provenance": {"git_sha": sha, "utc": utc, "device": device,
+                           "make_command": f"make phase-03 bench PART={part}"}}
+
+
+def write(root, name, recs):
+    path = root / "results" / PHASE / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recs))
+
+
+def make_repo(tmp_path):
+    write(tmp_path, "concurrency-h200.json", [
+        record("p02", "new-run", "bbbbbbb1234", "2030-01-02T10:00:00+00:00", [100.0, 100.0, 100.0]),
+        record("p02#2", "new-run", "bbbbbbb1234", "2030-01-02T10:00:00+00:00", [95.0, 100.0, 105.0]),
+        record("p03", "new-run", "bbbbbbb1234", "2030-01-02T10:00:00+00:00", [300.0, 350.0, 400.0])])
+    write(tmp_path, "history/concurrency-h200.json", [
+        record("p02", "old-run", "aaaaaaa1234", "2030-01-01T10:00:00+00:00", [100.0, 100.0, 100.0]),
+        record("p03", "old-run", "aaaaaaa1234", "2030-01-01T10:00:00+00:00", [99.0, 100.0, 102.0])])
+    return tmp_path
+
+
+def runs_md(root):
+    return (root / "results" / PHASE / "RUNS.md").read_text()
+
+
+def test_every_run_with_commit_state_and_ratio(tmp_path):
+    root = make_repo(tmp_path)
+    assert runs.main(["--root", str(root)]) == 0
+    text = runs_md(root)
+    assert "## PART=concurrency" in text
+    old, new = text.index("`old-run`: superseded"), text.index("`new-run`: current")
+    assert old < new, "runs are listed oldest first"
+    assert "git aaaaaaa" in text and "git bbbbbbb" in text and "2030-01-02 10:00 UTC" in text
+    assert "engines: p02, p02#2, p03" in text
+    assert "p03 vs p02 **(headline)**" in text                     # the phase's HEADLINES comparison
+    assert "3.50× (3.00–4.00)" in text                              # per repeat pair: 3.0, 3.5, 4.0
+    assert "p02 vs p02#2 (A/A control)" in text                     # the twin against its baseline
+    assert "p03 vs p02#2" not in text                               # and against nothing else
+    assert "1.000× (0.952–1.053), the A/A range" in text
+
+
+def test_hand_written_section_survives_a_rewrite(tmp_path):
+    root = make_repo(tmp_path)
+    runs.main(["--root", str(root)])
+    path = root / "results" / PHASE / "RUNS.md"
+    path.write_text(path.read_text().replace("## PART=concurrency", "## PART=edited by hand")
+                    + "\nOpen question: why did the old run differ?\n")
+    assert runs.main(["--root", str(root), "--check"]) == 1
+    assert runs.main(["--root", str(root)]) == 0
+    text = runs_md(root)
+    assert "edited by hand" not in text, "the generated part is regenerated"
+    assert text.rstrip().endswith("Open question: why did the old run differ?")
+    assert text.count(runs.HAND_MARKER) == 1
+    assert runs.main(["--root", str(root), "--check"]) == 0
+
+
+def test_part_from_the_make_command_when_the_record_has_none(tmp_path):
+    rec = record("p03", "r", "c", "2030-01-01T00:00:00+00:00", [1.0], part="gather")
+    del rec["part"]
+    assert runs.part_of(rec) == "gather"
+    del rec["provenance"]["make_command"]
+    assert runs.part_of(rec) == "-"
+
+
+def test_committed_runs_pages_are_current():
+    """results/*/RUNS.md is what `python -m common.runs` writes from the committed records."""
+    assert runs.main(["--root", str(ROOT), "--check"]) == 0, "run `python -m common.runs` and commit RUNS.md"
