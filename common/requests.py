@@ -5,6 +5,7 @@ a clear message instead of after the others have run.
 """
 from __future__ import annotations
 
+from numbers import Number
 from typing import Callable, Sequence
 
 from .sampling import SamplingParams, is_int
@@ -25,6 +26,8 @@ def as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         raise ValueError("generate() needs at least one prompt")
     if all(is_int(t) for t in prompts):
         return [list(prompts)]
+    if any(isinstance(t, Number) for t in prompts) and not any(isinstance(t, (str, list, tuple)) for t in prompts):
+        check_prompt_type(0, prompts)       # numbers, not prompts: one prompt's ids, one not an int
     for i, prompt in enumerate(prompts):
         check_prompt_type(i, prompt)
     return [p if isinstance(p, str) else list(p) for p in prompts]
@@ -76,6 +79,10 @@ def prepare_requests(prompts, params, encode: Callable[[str], list[int]], vocab_
 def check_prompt(i: int, ids: list[int], p: SamplingParams, vocab_size: int, max_model_len: int) -> None:
     if not isinstance(p, SamplingParams):
         raise ValueError(f"request {i}: expected SamplingParams, got {type(p).__name__}")
+    try:
+        p.validate()                        # its stop list may have been changed in place
+    except ValueError as e:
+        raise ValueError(f"request {i}: {e}") from None
     if len(ids) == 0:
         raise ValueError(f"request {i}: the prompt is empty")
     if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):

@@ -1,8 +1,9 @@
-"""SamplingParams: the per-request decoding knobs, validated at construction."""
+"""SamplingParams: the per-request decoding knobs, validated at construction and on every change."""
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # The sampler divides fp32 logits by the temperature; below this, logits / temperature overflows
 # to inf for ordinary logits (at 1e-38 a logit of 4 already does) and softmax turns inf into NaN.
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 # name: a logit gap of 0.001 gives odds of e^100 (vLLM treats temperatures below 1e-5 as greedy).
 MIN_TEMPERATURE = 1e-5
 SEED_LIMIT = 2**64      # torch.Generator.manual_seed takes a seed in [0, 2**64) (an unsigned 64-bit)
+GENERATOR_SEED_BITS = 32  # ...but the CPU generator (mt19937) keeps only the low 32 bits of it
 
 
 @dataclass
@@ -40,6 +42,16 @@ class SamplingParams:
         if is_int(self.top_k) and self.top_k == -1:
             self.top_k = 0
         self._validate()
+        object.__setattr__(self, "_built", True)
+
+    def __setattr__(self, name: str, value) -> None:
+        """A field changed after construction is checked like one passed to it: a copy with the
+        new value goes through __post_init__ (ValueError, nothing changed), and its normalized
+        value is kept (stop="###" becomes ["###"]). Without this, temperature=nan set later would
+        reach the sampler and fail there, mid-run, with torch's "probability tensor contains nan"."""
+        if getattr(self, "_built", False) and name in self.__dataclass_fields__:
+            value = getattr(replace(self, **{name: value}), name)
+        object.__setattr__(self, name, value)
 
     def _validate(self) -> None:
         """Types first, then ranges: every value is checked here so none can fail mid-run."""
@@ -60,9 +72,26 @@ class SamplingParams:
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
 
+    def validate(self) -> None:
+        """Check again (an engine does, as it accepts a request): the stop list can still be
+        changed in place, which no __setattr__ sees."""
+        self._validate()
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def generator_seed(seed: int) -> int:
+    """The seed a request's torch.Generator gets. torch's CPU generator keeps only the low 32 bits
+    of its seed, so 0, 2**32 and 2**63 would draw the same samples. Seeds below 2**32 pass as they
+    are; a larger seed is hashed, all 64 bits of it, into that range, so seeds that differ only in
+    their high bits draw different samples too (two large seeds still share a stream with odds
+    2**-32: 2**64 seeds cannot all fit into 2**32 streams)."""
+    if seed < 2**GENERATOR_SEED_BITS:
+        return seed
+    digest = hashlib.blake2b(seed.to_bytes(8, "little"), digest_size=GENERATOR_SEED_BITS // 8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def is_int(x) -> bool:

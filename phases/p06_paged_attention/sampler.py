@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from common.sampling import SamplingParams
+from common.sampling import SamplingParams, generator_seed
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
@@ -43,4 +43,4 @@ def make_generator(params: SamplingParams, device: str) -> torch.Generator | Non
     """A private RNG for a seeded request; None uses the global RNG (seeded by the engine)."""
     if params.seed is None or params.greedy:
         return None
-    return torch.Generator(device=device).manual_seed(params.seed)
+    return torch.Generator(device=device).manual_seed(generator_seed(params.seed))

@@ -67,3 +67,37 @@ def test_rejects(kwargs, message):
     """Each invalid value raises a ValueError naming the field."""
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("temperature", float("nan"), "temperature must be 0"),
+    ("max_tokens", -1, "max_tokens must be a positive integer"),
+    ("top_p", 0.0, r"top_p must be a number in \(0, 1\]"),
+    ("seed", 2**64, "seed must be None or an integer"),
+    ("stop", [""], "stop must be a list of non-empty strings"),
+])
+def test_rejects_a_change_after_construction(name, value, message):
+    """A field set after construction is checked like one passed to it, and the bad value is not
+    taken (temperature=nan would otherwise fail inside the sampler, mid-run)."""
+    p = SamplingParams()
+    before = getattr(p, name)
+    with pytest.raises(ValueError, match=message):
+        setattr(p, name, value)
+    assert getattr(p, name) == before
+
+
+def test_a_change_after_construction_is_normalized():
+    """A good value set later is taken, normalized as at construction."""
+    p = SamplingParams()
+    p.stop, p.top_k, p.temperature = "###", -1, 0
+    assert p.stop == ["###"] and p.top_k == 0 and p.greedy
+
+
+def test_generator_seeds_stay_distinct():
+    """torch's CPU generator keeps 32 bits of its seed: 0, 2**32 and 2**63 would share one stream.
+    Seeds below 2**32 pass unchanged; larger ones are hashed from all their bits into that range."""
+    from common.sampling import generator_seed
+    seeds = [0, 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]
+    derived = [generator_seed(s) for s in seeds]
+    assert derived[:2] == [0, 1] and len(set(derived)) == len(seeds)
+    assert all(0 <= d < 2**32 for d in derived)

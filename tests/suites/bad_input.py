@@ -104,7 +104,8 @@ def test_sampling_range_edges_run(llm, kwargs):
     (b"hello", "prompts must be .*got bytes"),                  # list(b"..") would be ids 104, ...
     ({1: "a", 2: "b"}, "prompts must be .*got dict"),           # list(dict) would be its keys
     (torch.tensor([1, 2, 3]), r"got Tensor .*\.tolist\(\)"),
-    ([1.0, 2.0, 3.0], "request 0: a prompt must be a str or a list of int token ids, got float"),
+    ([1.0, 2.0, 3.0], "request 0: token ids must be Python ints, got float 1.0"),
+    ([1, 2.0, 3], "request 0: token ids must be Python ints, got float 2.0"),    # not "got int 1"
     ([[1, 2.0, 3]], "request 0: token ids must be Python ints, got float"),
     ([[1, 2], b"hi"], "request 1: a prompt must be .*got bytes"),
     ([[1, 2], None], "request 1: a prompt must be .*got NoneType"),
@@ -114,6 +115,28 @@ def test_bad_prompt_types(llm, prompts, message):
     """A prompt is a str or a list of int ids; anything else is one clear ValueError."""
     with pytest.raises(ValueError, match=message):
         llm.generate(prompts, OK)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("temperature", float("nan"), "temperature must be 0"),
+    ("max_tokens", -1, "max_tokens must be a positive integer"),
+])
+def test_sampling_params_changed_later_are_checked(llm, name, value, message):
+    """A SamplingParams changed after construction is checked too: the bad value is refused
+    where it is set, and the engine still gets the good one."""
+    params = SamplingParams(temperature=0.5, max_tokens=4, ignore_eos=True, seed=1)
+    with pytest.raises(ValueError, match=message):
+        setattr(params, name, value)
+    assert len(llm.generate([[1, 2, 3]], params)[0].token_ids) == 4
+
+
+def test_stop_list_changed_in_place_is_checked(llm):
+    """The one change no setter sees, a stop list edited in place, is checked as the engine
+    takes the request."""
+    params = SamplingParams(max_tokens=4, stop=["x"])
+    params.stop.append("")
+    with pytest.raises(ValueError, match="request 0: stop must be a list of non-empty strings"):
+        llm.generate([[1, 2, 3]], params)
 
 
 def test_numpy_prompt_is_refused(llm):

@@ -41,6 +41,13 @@ def test_different_seeds_differ(llm, prompt):
     assert a.token_ids != b.token_ids
 
 
+def test_seeds_apart_by_2_pow_32_differ(llm, prompt):
+    """0, 2**32 and 2**63 are three seeds, not one: torch's CPU generator keeps only 32 bits of
+    its seed, so the engine derives that from all 64."""
+    samples = [_sample(llm, prompt, temperature=0.8, max_tokens=16, seed=s).token_ids for s in (0, 2**32, 2**63)]
+    assert len({tuple(t) for t in samples}) == 3
+
+
 def test_seeded_request_ignores_batch_neighbours(llm, prompts_for, prompt):
     """A seeded request samples the same tokens alone and next to other sampled requests."""
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
