@@ -5,9 +5,11 @@ safetensors directory in a local cache and load from there ever after (~20 s, ~5
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -32,24 +34,49 @@ def gguf_file() -> Path:
 
 
 def converted_dir() -> Path:
-    """The HF directory of SmolLM2, converting the GGUF on first use."""
+    """The HF directory of SmolLM2, converting the GGUF on first use. Processes that get here at
+    once (`make run` beside `make test` on a fresh machine) take turns: the first converts, the
+    others wait on the lock and then find its finished copy."""
     target = cache_root() / "smollm2-135m"
-    if (target / "model.safetensors").exists():
-        return target
-    _convert(gguf_file(), target)
+    if not (target / "model.safetensors").exists():
+        with _locked(target):
+            if not (target / "model.safetensors").exists():     # not converted while we waited
+                _convert(gguf_file(), target)
     return target
 
 
+@contextmanager
+def _locked(target: Path):
+    """An exclusive lock on a file beside the cache; the kernel releases it when the file closes,
+    so a conversion killed halfway never leaves the others waiting for ever."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _convert(gguf: Path, target: Path) -> None:
+    """Under the lock, so nobody else writes here: what a killed conversion left (its temporary
+    folder, a target without weights) goes first, and this one's temporary folder goes whatever
+    happens (it holds ~520 MB)."""
+    for leftover in [*target.parent.glob(target.name + ".tmp*"), target]:
+        shutil.rmtree(leftover, ignore_errors=True)
+    print(f"converting {gguf.name} -> {target} (once)", flush=True)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        _save_hf(gguf, tmp)
+        tmp.replace(target)  # atomic: a half-written cache is never seen
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_hf(gguf: Path, folder: Path) -> None:
+    """Dequantize the GGUF with transformers and save it as an HF directory (weights, config, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"converting {gguf.name} -> {target} (once)", flush=True)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.replace(target)  # atomic: a half-written cache is never seen
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
