@@ -170,18 +170,25 @@ def after_fix(sha: str, root: Path = ROOT, fix: str = PREFILL_FIX) -> str:
 
 
 # --- the page -----------------------------------------------------------------------------------
+def rounds(rec: dict) -> int:
+    """A record's repeat rounds: its `repeats`, else the distinct `repeat` indices of its samples."""
+    if isinstance(rec.get("repeats"), int):
+        return rec["repeats"]
+    return len({s["repeat"] for s in rec.get("samples") or [] if isinstance(s, dict) and "repeat" in s})
+
+
 def run_section(run: str, recs: list[dict], phase: str, root: Path) -> str:
     prov = recs[0].get("provenance") or {}
     sha = prov.get("git_sha", "?")
     state = "current" if any(r["current"] for r in recs) else "superseded (history/)"
-    repeats = sorted({r.get("repeats") for r in recs if isinstance(r.get("repeats"), int)})
+    repeats = sorted({rounds(r) for r in recs} - {0})
     engines = ", ".join(engine_order({r["engine"] for r in recs}))
     files = ", ".join(sorted({f"`{r['file']}`" for r in recs}))
     head = (f"### run `{run}`: {state}\n\n"
             f"- git {report.short_sha(sha)}, {prov.get('utc', '?').replace('T', ' ')[:16]} UTC, "
             f"{recs[0]['device']}; after {PREFILL_FIX} (4-D SDPA prefill): {after_fix(sha, root)}\n"
             f"- `{prov.get('make_command') or prov.get('command', '?')}`; "
-            f"{'/'.join(map(str, repeats)) or '?'} repeats; {len(recs)} records in {files}\n"
+            f"{'/'.join(map(str, repeats)) + ' rounds' if repeats else 'no repeat rounds'}; {len(recs)} records in {files}\n"
             f"- engines: {engines}")
     rows = ratio_rows(recs, phase)
     if not rows:
