@@ -5,7 +5,7 @@ answering while that happens, and its own Python work (HTTP parsing, JSON, one S
 per request) must not slow the steps. So the engine runs in a process of its own, with its own
 interpreter lock, and talks to the server through a queue and a pipe:
 
-  inbox  (server -> loop, a multiprocessing Queue: the server never blocks on a busy engine): ("add", key, prompt_ids, SamplingParams) | ("abort", key) | ("stop",)
+  inbox  (server -> loop, a multiprocessing Queue: the server never blocks on a busy engine): ("add", key, prompt_ids, SamplingParams, priority) | ("abort", key) | ("stop",)
   outbox (loop -> server, a Pipe: sent from the loop's own thread, no feeder thread taking turns
                            with the step for the interpreter lock):
                            ("ready", limits)
@@ -77,9 +77,9 @@ class EngineLoop:
 
     def _handle(self, msg: tuple) -> None:
         if msg[0] == "add":
-            _, key, prompt_ids, params = msg
+            _, key, prompt_ids, params, priority = msg
             try:
-                request_id = self.llm.add_request(prompt_ids, params)
+                request_id = self.llm.add_request(prompt_ids, params, priority)
             except ValueError as e:                     # over the context, over the pool, bad ids
                 self.outbox.send(("invalid", key, str(e)))
                 return

@@ -1,7 +1,7 @@
 """ServerMetrics: what `GET /metrics` reports, in Prometheus' text format.
 
 Gauges come from the engine loop (sent with every step): requests running, waiting and swapped
-out, KV blocks used and free. Counters and histograms are kept here, on the event loop, from the
+out, KV blocks used and free; once the engine process is dead they are left out. Counters and histograms are kept here, on the event loop, from the
 deltas the server streams: tokens generated, prompt tokens, finished requests by reason, time to
 first token and inter-token latency. Names follow vLLM's (`vllm:` becomes `mini_infer:`), so a
 dashboard built for one reads the other.
@@ -42,24 +42,22 @@ class ServerMetrics:
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.finished: dict[str, int] = {}         # finish_reason -> requests
-        self.last_token_time: dict[int, float] = {}
         engine.observers.append(self.observe)
 
     def observe(self, req, delta) -> None:
         """One delta of one request (on the event loop)."""
         times = delta.token_times
         if times:
-            prev = self.last_token_time.get(req.key)
+            prev = req.last_token_time             # kept on the request: nothing here to free
             if prev is None:
                 self.ttft.observe(times[0] - req.arrival)
                 self.prompt_tokens += len(req.prompt_ids)
             for a, b in zip([prev, *times], times):
                 if a is not None:
                     self.itl.observe(b - a)
-            self.last_token_time[req.key] = times[-1]
+            req.last_token_time = times[-1]
             self.generation_tokens += len(times)
         if delta.finish is not None:
-            self.last_token_time.pop(req.key, None)
             reason = delta.finish[0]
             self.finished[reason] = self.finished.get(reason, 0) + 1
 
@@ -70,12 +68,13 @@ class ServerMetrics:
         def metric(name: str, kind: str, help_: str, values: list[str]) -> None:
             lines.extend([f"# HELP {PREFIX}{name} {help_}", f"# TYPE {PREFIX}{name} {kind}",
                           *[f"{PREFIX}{v}" for v in values]])
-        metric("num_requests_running", "gauge", "Requests in the running batch.", [f"num_requests_running {g['running']}"])
-        metric("num_requests_waiting", "gauge", "Requests waiting to be admitted.", [f"num_requests_waiting {g['waiting']}"])
-        metric("num_requests_swapped", "gauge", "Requests preempted to host memory.", [f"num_requests_swapped {g['swapped']}"])
-        metric("kv_blocks_free", "gauge", "Free KV cache blocks.", [f"kv_blocks_free {g['kv_blocks_free']}"])
-        metric("kv_blocks_used", "gauge", "KV cache blocks held by requests.", [f"kv_blocks_used {blocks - g['kv_blocks_free']}"])
-        metric("num_preemptions_total", "counter", "Preemptions since start.", [f"num_preemptions_total {g['preemptions']}"])
+        if self.engine.alive:              # a dead engine's last gauges would be a lie: none then
+            metric("num_requests_running", "gauge", "Requests in the running batch.", [f"num_requests_running {g['running']}"])
+            metric("num_requests_waiting", "gauge", "Requests waiting to be admitted.", [f"num_requests_waiting {g['waiting']}"])
+            metric("num_requests_swapped", "gauge", "Requests preempted to host memory.", [f"num_requests_swapped {g['swapped']}"])
+            metric("kv_blocks_free", "gauge", "Free KV cache blocks.", [f"kv_blocks_free {g['kv_blocks_free']}"])
+            metric("kv_blocks_used", "gauge", "KV cache blocks held by requests.", [f"kv_blocks_used {blocks - g['kv_blocks_free']}"])
+            metric("num_preemptions_total", "counter", "Preemptions since start.", [f"num_preemptions_total {g['preemptions']}"])
         metric("prompt_tokens_total", "counter", "Prompt tokens of requests that produced a token.",
                [f"prompt_tokens_total {self.prompt_tokens}"])
         metric("generation_tokens_total", "counter", "Tokens generated.", [f"generation_tokens_total {self.generation_tokens}"])

@@ -4,13 +4,14 @@ Requests are parsed by hand, not by a schema library, so every refusal names the
 about in OpenAI's error shape: {"error": {"message", "type", "param", "code"}} with status 400.
 Unknown fields are ignored (clients send many); fields we cannot honour (logprobs, echo, best_of,
 penalties) are refused instead of silently ignored. Extensions, as vLLM names them: top_k,
-ignore_eos (generate exactly max_tokens), return_token_ids (each choice and chunk carries its ids).
+ignore_eos (generate exactly max_tokens), return_token_ids (each choice and chunk carries its ids),
+priority (an integer, lower runs first: the engine's scheduling order, default 0).
 """
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.sampling import SamplingParams, is_int
 
@@ -42,6 +43,8 @@ class Parsed:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    priority: int
+    default_max_tokens: bool       # the client sent none: capped later to the room its prompt leaves
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "ignore_eos")
@@ -61,6 +64,9 @@ def parse(body, chat: bool) -> Parsed:
         if name in body and body[name] not in neutral:
             raise bad(f"'{name}' is not supported by this server", name)
     prompts = [chat_messages(body.get("messages"))] if chat else completion_prompts(body.get("prompt"))
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            unicode_text(prompt, "prompt")
     n = body.get("n", 1)
     if not is_int(n) or not 1 <= n <= MAX_N:
         raise bad(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}", "n")
@@ -70,8 +76,12 @@ def parse(body, chat: bool) -> Parsed:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad("'stream_options' must be an object", "stream_options")
+    priority = body.get("priority", 0)
+    if not is_int(priority):
+        raise bad(f"'priority' must be an integer (lower runs first), got {priority!r}", "priority")
+    no_max = body.get("max_tokens") is None and (not chat or body.get("max_completion_tokens") is None)
     return Parsed(model, prompts, sampling_params(body, chat), n, stream, bool(options.get("include_usage")),
-                  bool(body.get("return_token_ids")))
+                  bool(body.get("return_token_ids")), priority, no_max)
 
 
 def completion_prompts(prompt) -> list:
@@ -98,16 +108,26 @@ def chat_messages(messages) -> list[dict]:
 def message_text(content, i: int) -> str:
     """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
     if isinstance(content, str):
-        return content
+        return unicode_text(content, "messages")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return unicode_text("".join(p["text"] for p in content), "messages")
     raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def unicode_text(text: str, param: str) -> str:
+    """JSON can spell a lone surrogate ("\\ud800"), which is no Unicode text: the tokenizer would fail."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"'{param}' is not valid Unicode text: {e}", param)
+    return text
 
 
 def sampling_params(body: dict, chat: bool) -> SamplingParams:
     """OpenAI defaults: temperature 1, top_p 1, max_tokens 16 for completions (chat: up to the
-    context, capped here at 512 so a forgotten max_tokens cannot hold a slot for minutes)."""
+    context, capped here at 512 so a forgotten max_tokens cannot hold a slot for minutes). A
+    default max_tokens is later capped to the room the prompt leaves (for_choice)."""
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens")
     values = {"temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
               "top_k": body.get("top_k", 0), "stop": body.get("stop") or [], "seed": body.get("seed"),
@@ -123,11 +143,14 @@ def sampling_params(body: dict, chat: bool) -> SamplingParams:
         raise bad(str(e), word if word in SAMPLING_FIELDS else None)
 
 
-def with_seed(params: SamplingParams, i: int) -> SamplingParams:
-    """Choice i of n: its own seed (seed + i), so n seeded samples differ but are reproducible."""
-    if params.seed is None or i == 0:
-        return params
-    return SamplingParams(**{**params.__dict__, "seed": (params.seed + i) % 2**64})
+def for_choice(p: Parsed, i: int, room: int) -> SamplingParams:
+    """Choice i of n: its own seed (seed + i), so n seeded samples differ but are reproducible. A
+    default max_tokens is capped to `room`, the tokens its prompt leaves in the context: a long
+    prompt must not be refused for a limit the client never asked for."""
+    changes = {"seed": (p.params.seed + i) % 2**64} if p.params.seed is not None and i else {}
+    if p.default_max_tokens and room > 0:
+        changes["max_tokens"] = min(p.params.max_tokens, room)
+    return replace(p.params, **changes)
 
 
 def finish_reason(reason: str) -> str:

@@ -8,15 +8,18 @@
 
 A streamed reply is Server-Sent Events in OpenAI's chunk format, one chunk per token, then an
 optional usage chunk (stream_options.include_usage), then `data: [DONE]`. Every error is OpenAI's
-JSON shape with its status: 400 bad input (malformed JSON, a bad parameter, a prompt over the
-context), 404 an unknown model or route, 413 a body over the limit, 503 a full server or a dead
-engine. A client that goes away, mid-stream or while waiting for a whole reply, has its requests
-aborted in the engine: their KV blocks are free at the next step boundary.
+JSON shape with its status: 400 bad input (malformed or too deeply nested JSON, a bad parameter,
+a prompt over the context, more choices than the server ever holds), 404 an unknown model or route,
+413 a body over the limit, 415 a body that is not JSON, 500 a bug (never a bare traceback), 503 a
+full server or a dead engine (serve.py then exits). A stream that fails sends an error event, then
+`data: [DONE]`. A client that goes away, mid-stream or while waiting for a whole reply, has its
+requests aborted in the engine: their KV blocks are free at the next step boundary.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import aclosing, asynccontextmanager
 
@@ -81,13 +84,24 @@ def build_app(engine: AsyncLLM, model_name: str, max_body_bytes: int = MAX_BODY_
         return await complete(request, chat=True)
 
     async def complete(request: Request, chat: bool):
+        try:
+            return await answer(request, chat)
+        except APIError:
+            raise
+        except Exception as e:              # a bug: still OpenAI's shape, and the connection lives on
+            logging.getLogger(__name__).exception("request failed")
+            raise APIError(500, f"internal error: {type(e).__name__}: {e}", type_="server_error") from e
+
+    async def answer(request: Request, chat: bool):
         p = oai.parse(await read_json(request, max_body_bytes), chat)
         if p.model != model_name:
             raise APIError(404, f"the model {p.model!r} does not exist; this server serves {model_name!r}",
                            "model", code="model_not_found")
         prompts = [tokenize(engine.tokenizer, prompt, chat) for prompt in p.prompts]
-        choices = [(i * p.n + j, ids, oai.with_seed(p.params, j)) for i, ids in enumerate(prompts) for j in range(p.n)]
-        reqs = await submit_all(engine, choices, "messages" if chat else "prompt")
+        room = min(engine.limits["max_model_len"], engine.limits["num_blocks"] * engine.limits["block_size"])
+        choices = [(i * p.n + j, ids, oai.for_choice(p, j, room - len(ids)))
+                   for i, ids in enumerate(prompts) for j in range(p.n)]
+        reqs = await submit_all(engine, choices, "messages" if chat else "prompt", p.priority)
         rid, prompt_tokens = oai.new_id(chat), sum(len(ids) for ids in prompts) * p.n
         if p.stream:
             texts = {index: ReplyText(engine.tokenizer, p.params.stop) for index, _, _ in choices}
@@ -100,7 +114,11 @@ def build_app(engine: AsyncLLM, model_name: str, max_body_bytes: int = MAX_BODY_
 
 
 async def read_json(request: Request, limit: int):
-    """The body as JSON; 413 past `limit` bytes (checked before reading when the length is sent)."""
+    """The body as JSON; 413 past `limit` bytes (checked before reading when the length is sent).
+    A body sent as another type (a form, text/plain) is refused, not guessed at."""
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), not {kind!r}")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise APIError(413, f"the request body ({length} bytes) is over the limit of {limit} bytes")
@@ -113,6 +131,8 @@ async def read_json(request: Request, limit: int):
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise oai.bad(f"the request body is not valid JSON: {e}")
+    except RecursionError:                 # json recurses per level, ignored fields included
+        raise oai.bad("the request body's JSON is nested too deeply")
 
 
 def tokenize(tokenizer, prompt, chat: bool) -> list[int]:
@@ -124,9 +144,13 @@ def tokenize(tokenizer, prompt, chat: bool) -> list[int]:
     return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
 
-async def submit_all(engine: AsyncLLM, choices: list, param: str) -> list:
-    """Submit every choice at once; if any is refused, abort the others and answer the first error."""
-    results = await asyncio.gather(*[engine.submit(ids, params) for _, ids, params in choices],
+async def submit_all(engine: AsyncLLM, choices: list, param: str, priority: int) -> list:
+    """Submit every choice at once; if any is refused, abort the others and answer the first error.
+    More choices than the server ever holds is 400: a retry (503) could never succeed."""
+    if len(choices) > engine.capacity:
+        raise oai.bad(f"{len(choices)} choices (prompts x n) are more than this server holds at once "
+                      f"({engine.capacity}); split the request", "n")
+    results = await asyncio.gather(*[engine.submit(ids, params, priority) for _, ids, params in choices],
                                    return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if not errors:
@@ -190,8 +214,9 @@ async def stream_events(engine, reqs, texts, rid, model, chat, p: oai.Parsed, pr
                     yield sse(oai.chunk(rid, model, chat, index, piece, reason, index not in started, ids))
                     started.add(index)
                     completion_tokens += 1
-        except (RuntimeError, EngineDead) as e:     # the engine failed mid-reply: say so in the stream
-            yield sse(APIError(500, str(e), type_="server_error").body())
+        except Exception as e:              # noqa: BLE001 - the engine failed mid-reply: say so in the
+            yield sse(server_error(e).body())      # stream, then end it as every stream ends (vLLM's way)
+            yield {"data": "[DONE]"}
             return
     if p.include_usage:
         yield sse(oai.usage_chunk(rid, model, chat, oai.usage(prompt_tokens, completion_tokens)))
@@ -217,9 +242,14 @@ async def whole_reply(request, engine, reqs, rid, model, chat, prompt_tokens, to
         await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
         if not task.done() and await request.is_disconnected():
             task.cancel()                   # closes merged(): the requests are aborted
-            raise APIError(499, "the client closed the request")
+            raise oai.bad("the client closed the request")   # nobody reads it; vLLM answers 400 too
     try:
         choices, tokens = task.result()
-    except (RuntimeError, EngineDead) as e:
-        raise APIError(500, str(e), type_="server_error")
+    except Exception as e:                  # noqa: BLE001
+        raise server_error(e)
     return oai.response(rid, model, chat, choices, oai.usage(prompt_tokens, tokens), token_ids)
+
+
+def server_error(e: Exception) -> APIError:
+    """The engine failed a request: 503 once its process is dead (as is every later request), else 500."""
+    return APIError(503 if isinstance(e, EngineDead) else 500, str(e), type_="server_error")

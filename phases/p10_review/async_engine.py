@@ -1,7 +1,7 @@
 """AsyncLLM: the server's handle on the engine loop (engine_loop.py), for asyncio code.
 
   handler (event loop)                 reader thread                    engine process
-  submit(ids, params) --inbox------------------------------------------> add_request
+  submit(ids, params, priority) --inbox--------------------------------> add_request
   await accepted      <-- "added" / "invalid" --- deliver() <--outbox--- (at once)
   async for delta in stream(req) <------ deliver() <------ "step" ------- after every step
   abort(req) (client gone) --inbox-------------------------------------> abort_request
@@ -54,12 +54,16 @@ class Request:
     arrival: float
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)   # Delta | Exception | "added"
     done: bool = False                   # finished, failed or aborted: the engine holds nothing
+    last_token_time: float | None = None  # metrics.py's, for inter-token latency: here, it goes
+                                          # with the request however the request ends
 
 
 class AsyncLLM:
     def __init__(self, model: str, max_waiting: int = 1024, **options):
         """Start the engine process for LLM(model, **options) and wait until it is ready.
         At most max_num_seqs + max_waiting requests are in the server at once; more get Overloaded."""
+        if not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
         self.source = resolve(model, seed=options.get("seed", 0))
         self.tokenizer = self.source.tokenizer
         self.model = model
@@ -80,6 +84,7 @@ class AsyncLLM:
         self._keys = itertools.count(1)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.error: str | None = None            # why the engine process is gone
+        self.on_dead = None                      # called on the event loop once it is (serve.py exits)
 
     def _wait_ready(self) -> dict:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -104,17 +109,17 @@ class AsyncLLM:
     def alive(self) -> bool:
         return self.error is None and self.proc.is_alive()
 
-    async def submit(self, prompt_ids: list[int], params: SamplingParams) -> Request:
-        """Queue one request; return once the engine took it. Raises ValueError when the engine
-        refuses it (over the context or the KV pool, a token id past the vocab), Overloaded when the
-        server is full, EngineDead when the engine process is gone."""
+    async def submit(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> Request:
+        """Queue one request (lower priority runs first); return once the engine took it. Raises
+        ValueError when the engine refuses it (over the context or the KV pool, a token id past the
+        vocab, a bad priority), Overloaded when the server is full, EngineDead when its process is gone."""
         if not self.alive:
             raise EngineDead(self.error or "the engine process is not running")
         if len(self.requests) >= self.capacity:
             raise Overloaded(f"{len(self.requests)} requests in the server already; retry later")
         req = Request(next(self._keys), prompt_ids, params, time.perf_counter())
         self.requests[req.key] = req
-        self.inbox.put(("add", req.key, prompt_ids, params))
+        self.inbox.put(("add", req.key, prompt_ids, params, priority))
         try:
             first = await req.queue.get()        # "added", or the reason it was refused
         except BaseException:
@@ -184,10 +189,12 @@ class AsyncLLM:
         elif kind == "failed":
             for key in msg[1]:
                 self._finish(key, RuntimeError(f"the engine step failed: {msg[2]}"))
-        elif kind == "dead":
+        elif kind == "dead" and self._finalizer.alive:   # not after shutdown(): that end was asked for
             self.error = msg[1]
             for key in list(self.requests):
                 self._finish(key, EngineDead(msg[1]))
+            if self.on_dead is not None:
+                self.on_dead()
 
     def _put(self, key: int, item, last: bool = False) -> None:
         req = self.requests.get(key)

@@ -1,5 +1,6 @@
 """ServedLLM (phase 09 on): the engine behind its HTTP server, with generate(), as the benchmark
-harness drives it. It gives the offline engine's tokens and dies with its parent."""
+harness drives it. It gives the offline engine's tokens, dies with its parent, and exits (status 1,
+for a supervisor to restart it) when its engine process dies."""
 import importlib
 import os
 import signal
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,26 @@ def test_server_dies_with_its_parent(phase):
         time.sleep(0.2)
     os.kill(server_pid, signal.SIGKILL)
     pytest.fail("the server outlived its parent")
+
+
+def engine_pid(server_pid: int) -> int:
+    """The server's engine process: its child started by multiprocessing's spawn (not the resource tracker)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue                                # gone meanwhile
+        if ppid == server_pid and b"spawn_main" in cmdline:
+            return int(stat.parent.name)
+    raise AssertionError(f"no engine process under the server {server_pid}")
+
+
+def test_server_exits_when_its_engine_dies(module):
+    """No zombie server: the engine process killed, the server exits with status 1 within seconds."""
+    llm = module.ServedLLM("tiny-llama", server="http", **OPTIONS)
+    try:
+        os.kill(engine_pid(llm.proc.pid), signal.SIGKILL)
+        assert llm.proc.wait(timeout=30) == 1
+    finally:
+        llm.shutdown()

@@ -12,9 +12,11 @@ import importlib
 import json
 import os
 import re
+import signal
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -33,24 +35,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(phase):
-    """(base url, AsyncLLM): uvicorn in a thread of this process, the engine in its own process."""
-    module = importlib.import_module(f"phases.{phase}")
-    engine = module.AsyncLLM(MODEL, **OPTIONS)
+@contextmanager
+def serving(module, engine, model: str = MODEL):
+    """The base url of uvicorn serving `engine` in a thread of this process."""
     port = free_port()
-    app = module.build_app(engine, MODEL)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(module.build_app(engine, model), host="127.0.0.1", port=port,
+                                        log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not srv.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    srv.should_exit = True
-    thread.join(timeout=10)
-    engine.shutdown()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(phase):
+    """(base url, AsyncLLM): uvicorn in a thread of this process, the engine in its own process."""
+    module = importlib.import_module(f"phases.{phase}")
+    engine = module.AsyncLLM(MODEL, **OPTIONS)
+    with serving(module, engine) as url:
+        yield url, engine
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +195,12 @@ def assert_error(r: httpx.Response, status: int, param=None) -> None:
     ({"model": MODEL, "prompt": [10**9]}, "prompt"),                 # past the vocab (the engine says so)
     ({"model": MODEL, "prompt": [1] * 9000}, "prompt"),              # over the context
     ({"prompt": "hi"}, "model"),
+    ({"model": MODEL, "prompt": "hi", "priority": "high"}, "priority"),
+    ({"model": MODEL, "prompt": "hi", "priority": 1.5}, "priority"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "priority": True}, "priority"),
 ])
 def test_bad_parameters_are_400(server, body, param):
-    assert_error(post(server[0], body), 400, param)
+    assert_error(post(server[0], body, "/v1/chat/completions" if "messages" in body else "/v1/completions"), 400, param)
 
 
 def test_bad_chat_messages_are_400(server):
@@ -204,19 +218,100 @@ def test_malformed_json_unknown_model_route_and_oversized_body(server):
     assert_error(post(url, {"model": MODEL, "prompt": "x" * (5 << 20)}), 413)
 
 
-def test_full_server_answers_503_then_recovers(server, client):
+def test_hostile_bodies_are_4xx_json_and_the_connection_serves_on(server, monkeypatch):
+    """A lone surrogate (valid JSON, not Unicode), JSON nested 100,000 deep (even in a field the
+    server ignores), a text/plain body, a handler that raises: each is OpenAI's JSON error, and the
+    same client's next request is answered."""
     url, engine = server
-    capacity, engine.capacity = engine.capacity, 0
+    with httpx.Client(base_url=url, timeout=60) as c:
+        def send(body: bytes, path: str = "/v1/completions", kind: str = "application/json") -> httpx.Response:
+            return c.post(path, content=body, headers={"content-type": kind})
+        head = b'{"model": "' + MODEL.encode() + b'", '
+        assert_error(send(head + b'"prompt": "a\\ud800b"}'), 400, "prompt")
+        assert_error(send(head + b'"messages": [{"role": "user", "content": "a\\ud800"}]}', "/v1/chat/completions"),
+                     400, "messages")
+        assert_error(send(head + b'"prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), 400)
+        assert_error(send(head + b'"prompt": "hi"}', kind="text/plain"), 415)
+        def broken(text):
+            raise RuntimeError("injected")
+        with monkeypatch.context() as m:
+            m.setattr(engine.tokenizer, "encode", broken)
+            r = send(head + b'"prompt": "hi", "max_tokens": 2}')
+            assert_error(r, 500)
+            assert "injected" in r.json()["error"]["message"]
+        assert send(head + b'"prompt": "hi", "max_tokens": 2}').json()["usage"]["completion_tokens"] == 2
+
+
+def test_default_max_tokens_fits_the_room_a_long_prompt_leaves(server):
+    """No max_tokens: the default (16, chat 512) is capped to what the context and KV pool leave."""
+    url, engine = server
+    room = min(engine.limits["max_model_len"], engine.limits["num_blocks"] * engine.limits["block_size"])
+    messages = [{"role": "user", "content": " hi" * (room - 60)}]
+    prompt_len = len(engine.tokenizer.messages_ids(messages))
+    assert room - 512 < prompt_len < room, "size the message to leave less than 512 tokens of room"
+    r = post(url, {"model": MODEL, "messages": messages, "temperature": 0}, "/v1/chat/completions")
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["total_tokens"] <= room
+
+
+def test_more_choices_than_the_server_holds_is_400_not_503(server, client):
+    url, engine = server
+    capacity, engine.capacity = engine.capacity, 3
     try:
-        assert_error(post(url, {"model": MODEL, "prompt": "hi", "max_tokens": 2}), 503)
+        assert_error(post(url, {"model": MODEL, "prompt": ["a", "b"], "n": 2, "max_tokens": 2}), 400, "n")
     finally:
         engine.capacity = capacity
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None
 
 
-# --- clients that go away --------------------------------------------------------------------------
-def test_hundred_aborted_streams_free_the_pool(server, client):
+def test_priority_reaches_the_engine(server, client, monkeypatch):
+    """vLLM's `priority` on both endpoints travels with the request to the engine loop."""
     url, engine = server
+    sent = []
+    class Spy:
+        def __init__(self, inbox):
+            self.inbox = inbox
+        def put(self, msg):
+            sent.append(msg)
+            self.inbox.put(msg)
+    monkeypatch.setattr(engine, "inbox", Spy(engine.inbox))
+    client.completions.create(model=MODEL, prompt="hi", max_tokens=1, extra_body={"priority": -2})
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                   extra_body={"priority": 5})
+    assert [m[4] for m in sent if m[0] == "add"] == [-2, 5]
+
+
+def test_serve_refuses_bad_options_with_a_message(phase, capsys):
+    serve = importlib.import_module(f"phases.{phase}.serve")
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--engine-options", "foo"])
+    assert "key=value" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_waiting"):
+        importlib.import_module(f"phases.{phase}").AsyncLLM("tiny-llama", max_waiting=-1, device="cpu")
+
+
+def test_full_server_answers_503_then_recovers(server, client):
+    url, engine = server
+    capacity, engine.capacity = engine.capacity, 1
+    engine.requests[0] = None                   # a request in flight (keys start at 1) fills the place
+    try:
+        assert_error(post(url, {"model": MODEL, "prompt": "hi", "max_tokens": 2}), 503)
+    finally:
+        engine.capacity = capacity
+        del engine.requests[0]
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None
+
+
+# --- clients that go away --------------------------------------------------------------------------
+def state_entries(engine) -> int:
+    """Entries in the server's per-request tables: the engine's live requests and every dict of its metrics."""
+    metrics = next(observe.__self__ for observe in engine.observers)
+    return len(engine.requests) + sum(len(v) for v in vars(metrics).values() if isinstance(v, dict))
+
+
+def test_hundred_aborted_streams_free_the_pool_and_leave_no_state(server, client):
+    url, engine = server
+    before = state_entries(engine)
     body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "stream": True, "ignore_eos": True}
 
     async def one(c: httpx.AsyncClient) -> None:
@@ -233,6 +328,7 @@ def test_hundred_aborted_streams_free_the_pool(server, client):
     asyncio.run(run())
     m = wait_pool_full(url, engine)
     assert m["generation_tokens_total"] < 100 * 500 / 4       # they were cut short, not run out
+    assert state_entries(engine) == before                    # nothing kept for the cut streams
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3
 
 
@@ -275,12 +371,13 @@ def test_a_failed_step_fails_its_requests_and_the_loop_serves_on(phase, LLM):  #
     def broken_step():
         raise RuntimeError("injected")
     step, llm.step = llm.step, broken_step
-    loop._handle(("add", 1, [5, 6, 7], params))
+    loop._handle(("add", 1, [5, 6, 7], params, 0))
     loop._step()
     assert outbox[-1][0] == "failed" and outbox[-1][1] == [1] and "injected" in outbox[-1][2]
     assert llm.scheduler.block_manager.num_free_blocks == llm.cache.num_blocks and not llm.has_unfinished()
     llm.step = step
-    loop._handle(("add", 2, [5, 6, 7], params))
+    loop._handle(("add", 2, [5, 6, 7], params, -3))
+    assert llm.requests[loop.live[2][0]].priority == -3       # the server's priority reaches the scheduler
     while llm.has_unfinished():
         loop._step()
     ends = [d for kind, *rest in outbox if kind == "step" for d in rest[0] if d[0] == 2 and d[3]]
@@ -306,3 +403,30 @@ def test_a_dead_engine_process_is_an_error_not_a_hang(phase):
         asyncio.run(run())
     finally:
         engine.shutdown()
+
+
+def test_a_dead_engine_fails_replies_in_flight_and_health_and_metrics_say_so(phase):
+    """The engine process killed mid-reply: a whole reply gets 503 JSON, a stream an error event
+    then [DONE]; /health answers 503 and /metrics no longer shows the dead engine's gauges."""
+    module = importlib.import_module(f"phases.{phase}")
+    engine = module.AsyncLLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=4 << 20)
+    body = {"model": "tiny-llama", "prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": True}
+    with serving(module, engine, "tiny-llama") as url:
+        whole = []
+        waiter = threading.Thread(target=lambda: whole.append(httpx.post(url + "/v1/completions", json=body,
+                                                                         timeout=60)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while metrics(url)["num_requests_running"] < 1:
+            assert time.monotonic() < deadline, "the whole reply never ran"
+        events = []
+        with httpx.stream("POST", url + "/v1/completions", json=body | {"stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and not events:
+                    os.kill(engine.proc.pid, signal.SIGKILL)      # after the stream's first token
+                events += [line] if line.startswith("data: ") else []
+        waiter.join(timeout=60)
+        assert events[-1] == "data: [DONE]" and '"error"' in events[-2], events[-3:]
+        assert_error(whole[0], 503)
+        assert_error(httpx.get(url + "/health"), 503)
+        assert "num_requests_running" not in httpx.get(url + "/metrics").text
