@@ -14,7 +14,11 @@ phases/*/README.md from the JSON under results/; results are never typed by hand
   profile                phases/pNN_*/README.md: decode-step profile records, per device
 
 Every ratio is taken between records of one run, per repeat pair (common.stats): a cell with no
-same-run baseline stays empty, and a ratio whose range includes 1.0 is marked as noise.
+same-run baseline stays empty. A ratio is judged against the A/A control of its run (the baseline
+built twice, "p06" and "p06#2"): *noise* unless its whole range clears both 1.0 and the A/A range;
+records made before the control existed say "no A/A" and keep the old rule (a range that includes
+1.0 is noise). A result file that cannot be read is named in every table it would have fed, and on
+stderr: a table never loses rows silently.
 "% of roofline" divides by one copy bandwidth per device for the whole report (the median of
 every record's measured bandwidth there), so the column compares phases, not machine moods. CPU
 latency tables have no such column: their small presets sit in the CPU's caches (tiny-llama's
@@ -32,7 +36,7 @@ import sys
 from pathlib import Path
 
 from .presets import PRESETS
-from .stats import format_ratio, higher_is_better, paired_ratio
+from .stats import TWIN, format_aa, format_ratio, higher_is_better, paired_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("hf-generate", "hf-generate-nocudnn", "hf-static")
@@ -48,30 +52,45 @@ WORKLOADS = {
 }
 CAPTIONS = {"latency": "batch-1 latency, greedy decode", "offline": "offline throughput, all requests at once",
             "concurrency": "throughput at fixed concurrency (c requests in flight, identical lengths)"}
-RATIO_NOTE = ("ratios per repeat pair of one run: median (min–max); *noise* where the range includes 1.0")
+RATIO_NOTE = ("ratios per repeat pair of one run: median (min–max); *noise* unless the whole range lies beyond "
+              "both 1.0 and the run's A/A range (the baseline built twice; \"no A/A\": a run without that "
+              "control, judged against 1.0 alone)")
 
 
 # --- records ------------------------------------------------------------------------------------
-def load_records(root: Path = ROOT, pattern: str = "*/*.json") -> list[dict]:
+def load_records(root: Path = ROOT, pattern: str = "*/*.json", unreadable: list | None = None) -> list[dict]:
     """Every record under root/results/*/*.json (or `pattern`), with its "file" and its engine
     label; the roofline fraction recomputed against the device's one bandwidth figure
-    (device_bandwidth). The tables read these: each measurement's newest run."""
+    (device_bandwidth). The tables read these: each measurement's newest run. A file that is not
+    a JSON list (empty, cut short, bad JSON) is skipped with a warning on stderr, and its path and
+    reason are appended to `unreadable`, so the generated text can say what is missing."""
     records = []
     for file in sorted((root / "results").glob(pattern)):
+        rel = file.relative_to(root).as_posix()
         try:
             data = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            print(f"[report] skipping {file}: {err}", file=sys.stderr)
+            if not isinstance(data, list):
+                raise ValueError("not a list of records")
+        except (OSError, UnicodeDecodeError, ValueError) as err:   # JSONDecodeError is a ValueError
+            print(f"[report] WARNING: cannot read {rel} ({type(err).__name__}: {err}); its records are left out",
+                  file=sys.stderr)
+            (unreadable if unreadable is not None else []).append((rel, f"{type(err).__name__}: {err}"))
             continue
-        rel = file.relative_to(root).as_posix()
-        records += [r | {"file": rel, "engine": engine_label(r)}
-                    for r in (data if isinstance(data, list) else []) if _valid(r)]
+        records += [r | {"file": rel, "engine": engine_label(r)} for r in data if _valid(r)]
     return with_device_roofline(records)
 
 
-def load_history(root: Path = ROOT) -> list[dict]:
+def load_history(root: Path = ROOT, unreadable: list | None = None) -> list[dict]:
     """The earlier runs that re-runs replaced (results/*/history/*.json, common.results.write_records)."""
-    return load_records(root, "*/history/*.json")
+    return load_records(root, "*/history/*.json", unreadable)
+
+
+def unreadable_note(unreadable: list, phase: str | None = None) -> str:
+    """"**Unreadable result file** `results/p03/x.json` (JSONDecodeError: ...): its records are
+    missing here." for every unreadable file (of `phase`'s folder, when given); "" for none."""
+    mine = [(f, why) for f, why in unreadable if phase is None or f.startswith(f"results/{phase}/")]
+    return "".join(f"\n\n**Unreadable result file** `{f}` ({why}): its records are missing here; "
+                   "re-run its part or restore it from git." for f, why in mine)
 
 
 def _valid(rec) -> bool:
@@ -108,12 +127,14 @@ def with_device_roofline(records: list[dict]) -> list[dict]:
 # Engine options that pick a variant of a phase's engine, named by their value ("p04 replica",
 # "p06 flash-attn"); settings that describe the workload; both stay out of the option suffix.
 MODE_OPTIONS = ("parallel", "attention_backend", "preemption", "server")
-NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "prompt_len", "world_size", "kv_cache_bytes", *MODE_OPTIONS}
+NOT_ENGINE_OPTIONS = {"batch", "concurrency", "requests", "prompt_len", "world_size", "kv_cache_bytes",
+                      "noise_control", *MODE_OPTIONS}
 
 
 def engine_label(rec: dict) -> str:
     """The engine, its variant (parallel mode, attention backend) and any other engine option it
-    ran with: "p04 replica", "p06 flash-attn", "p05 lean_step=0". Each label is a column of its own."""
+    ran with: "p04 replica", "p06 flash-attn", "p05 lean_step=0". Each label is a column of its own.
+    An A/A twin keeps its suffix on the engine: "p06#2 flash-attn" (twin_label)."""
     setting = rec.get("setting") or {}
     modes = "".join(f" {setting[k]}" for k in MODE_OPTIONS if setting.get(k) not in (None, "none"))
     options = "".join(f" {k}={v}" for k, v in setting.items() if k not in NOT_ENGINE_OPTIONS)
@@ -128,6 +149,22 @@ def is_own(engine: str, phase: str) -> bool:
 def is_ablation(engine: str) -> bool:
     """A label with an engine option ("p05 lean_step=0"): the phase's idea switched off."""
     return "=" in engine
+
+
+def twin_label(label: str) -> str:
+    """The A/A twin of an engine label: "p06 flash-attn" -> "p06#2 flash-attn"."""
+    first, sep, rest = label.partition(" ")
+    return first + TWIN + sep + rest
+
+
+def is_twin(label: str) -> bool:
+    return label.split()[0].endswith(TWIN)
+
+
+def twin_base(label: str) -> str:
+    """The baseline of an A/A twin's label: "p06#2 flash-attn" -> "p06 flash-attn"."""
+    first, sep, rest = label.partition(" ")
+    return first.removesuffix(TWIN) + sep + rest
 
 
 def metric(rec: dict | None, key: str) -> float | None:
@@ -167,7 +204,47 @@ def same_run(records: list[dict], rec: dict | None, engine: str) -> dict | None:
 
 def _workload_setting(rec: dict) -> dict:
     return {k: v for k, v in (rec.get("setting") or {}).items() if k in ("batch", "concurrency", "requests",
-                                                                         "prompt_len", "kv_cache_bytes")}
+                                                                         "prompt_len", "kv_cache_bytes",
+                                                                         "noise_control")}
+
+
+def baseline(records: list[dict], rec: dict | None, engine: str) -> dict | None:
+    """The record of `engine` in rec's run: that label, else for a bare phase engine ("p06") the
+    run's variant of it that is neither a twin nor an ablation, first in label order ("p06
+    flash-attn" in p07's runs)."""
+    if engine is None:
+        return None
+    exact = same_run(records, rec, engine)
+    if exact or rec is None or not rec.get("run_id") or " " in engine:
+        return exact
+    found = [r for r in records if r["engine"].split()[0] == engine and not is_ablation(r["engine"])
+             and r.get("run_id") == rec["run_id"] and r["preset"] == rec["preset"]
+             and _workload_setting(r) == _workload_setting(rec)]
+    return min(found, key=lambda r: r["engine"], default=None)
+
+
+def aa_ratio(records: list[dict], base: dict | None, key: str) -> dict | None:
+    """The A/A ratio of base's run and setting on metric `key`: base's own twin over base, else
+    any twin of the run over its baseline (the run's noise); None for a run without a twin."""
+    if base is None:
+        return None
+    twin = same_run(records, base, twin_label(base["engine"]))
+    if twin is not None:
+        return paired_ratio(twin, base, key)
+    for other in records:
+        if is_twin(other["engine"]) and other.get("run_id") == base.get("run_id") \
+                and other["preset"] == base["preset"] and _workload_setting(other) == _workload_setting(base):
+            found = paired_ratio(other, same_run(records, other, twin_base(other["engine"])) or {}, key)
+            if found:
+                return found
+    return None
+
+
+def ratio_text(records: list[dict], rec: dict | None, base: dict | None, key: str, show_aa: bool = True) -> str:
+    """rec over base per repeat pair, judged against the run's A/A range (common.stats)."""
+    if not (rec and base):
+        return format_ratio(None)
+    return format_ratio(paired_ratio(rec, base, key), aa_ratio(records, base, key), show_aa=show_aa)
 
 
 def phase_engine(phase: str) -> str:
@@ -194,11 +271,13 @@ def order_presets(names) -> list[str]:
 
 
 def order_engines(names) -> list[str]:
-    """Phase engines (p01, p02, ...), then the HF peers, then anything else."""
+    """Phase engines (p01, p02, ..., each A/A twin after its baseline), then the HF peers, then anything else."""
     def rank(e: str) -> tuple:
-        if re.fullmatch(r"p\d\d( .+)?", e):
-            return (0, e)
-        return (1, str(PEERS.index(e))) if e in PEERS else (2, e)
+        if re.fullmatch(r"p\d\d(#\d+)?( .+)?", e):
+            return (0, twin_base(e), is_twin(e))
+        if e.split()[0].removesuffix(TWIN) in PEERS:
+            return (1, str(PEERS.index(e.split()[0].removesuffix(TWIN))), is_twin(e))
+        return (2, e, False)
     return sorted(set(names), key=rank)
 
 
@@ -247,7 +326,7 @@ def varying(records: list[dict], keys=("dtype", "scale")) -> list[str]:
 
 # Settings that make rows, not columns: a non-standard offline size, a concurrency level.
 ROW_SETTINGS = {"requests": "{} requests", "concurrency": "c={}", "prompt_len": "{}-token prompts",
-                "kv_cache_bytes": "KV pool {} bytes"}
+                "kv_cache_bytes": "KV pool {}", "noise_control": "noise control {}"}
 
 
 def row_key(rec: dict, vary: list[str]) -> tuple:
@@ -258,8 +337,8 @@ def row_key(rec: dict, vary: list[str]) -> tuple:
 
 def row_label(rec: dict, vary: list[str]) -> str:
     setting = rec.get("setting") or {}
-    extra = [str(rec.get(k)) for k in vary] + [form.format(setting[k]) for k, form in ROW_SETTINGS.items()
-                                               if setting.get(k)]
+    extra = [str(rec.get(k)) for k in vary] + [form.format(gib(setting[k]) if k == "kv_cache_bytes" else setting[k])
+                                               for k, form in ROW_SETTINGS.items() if setting.get(k)]
     return f"{rec['preset']} ({', '.join(extra)})" if extra else rec["preset"]
 
 
@@ -270,10 +349,11 @@ def repeats_text(recs: list[dict]) -> str:
 
 # --- before/after: previous phase vs this phase vs peers, all from this phase's own runs --------
 def before_after(records: list[dict], phase: str, device: str, workload: str) -> str | None:
-    """One table: a row per model (and setting), a column per engine, then same-run ratios."""
+    """One table: a row per model (and setting), a column per engine, the run's A/A range, then
+    same-run ratios judged against it. A/A twins are no columns: their ratio is the A/A column."""
     key, label, extras = WORKLOADS[workload]
     recs = select(records, phase=phase, device=device, workload=workload)
-    engines = order_engines(r["engine"] for r in recs)
+    engines = order_engines(r["engine"] for r in recs if not is_twin(r["engine"]))
     own = [e for e in engines if is_own(e, phase)]      # "p04", or "p04 replica" and "p04 pipeline"
     if not own:
         return None
@@ -286,7 +366,7 @@ def before_after(records: list[dict], phase: str, device: str, workload: str) ->
     extras = {k: v for k, v in extras.items() if any(metric(r, k) is not None for r in mine)}
     vary = varying(recs)
     header = ["model", *[f"**{e}**" if e in own else e for e in engines],
-              *[f"{o} {v}" for o in own for v in extras.values()],
+              *[f"{o} {v}" for o in own for v in extras.values()], "A/A (same run)",
               *[f"{o} vs {e}" for o, e in pairs]]
     rows, used = [], []
     for rkey in sorted({row_key(r, vary) for r in recs}, key=_rank):
@@ -295,8 +375,8 @@ def before_after(records: list[dict], phase: str, device: str, workload: str) ->
         used += [r for r in cell.values() if r]
         rows.append([row_label(group[0], vary), *[fmt(key, metric(cell[e], key)) for e in engines],
                      *[fmt(k, metric(cell[o], k)) for o in own for k in extras],
-                     *[format_ratio(paired_ratio(cell[o], cell[e], key) if cell[o] and cell[e] else None)
-                       for o, e in pairs]])
+                     format_aa(aa_ratio(records, next((cell[o] for o in own if cell[o]), None), key)),
+                     *[ratio_text(records, cell[o], cell[e], key, show_aa=False) for o, e in pairs]])
     fixed = ", ".join(str(recs[0].get(k)) for k in ("dtype", "scale") if k not in vary)
     caption = (f"**{device}**, {CAPTIONS[workload]}{f' ({fixed})' if fixed else ''}: {label} "
                f"({repeats_text(used)}), {'higher' if higher_is_better(key) else 'lower'} is better; {RATIO_NOTE}")
@@ -320,8 +400,12 @@ HEADLINES = {
     "p03_vectorized_gather": ("concurrency", "llama-1b", {"concurrency": 64}, "p03", "p02", H200),
     "p04_replica_pipeline": ("concurrency", "llama-1b", {"concurrency": 64}, "p04 replica", "p03", H200),
     "p05_decode_profiling": ("latency", "llama-1b", {"batch": 1}, "p05", "p04", H200),
-    "p06_paged_attention": ("concurrency", "llama-8b", {"concurrency": 64}, "p06 flash-attn", "p05", H200),
-    "p07_triton_decode": ("concurrency", "llama-8b", {"concurrency": 64}, "p07 triton", "p06 flash-attn", H200),
+    # p06: reading K/V in place against gathering it, both on p06's inputs (one upload, no syncs):
+    # the flash-attn backend over the torch one, at 4k context where the gather's passes are long.
+    "p06_paged_attention": ("concurrency", "llama-1b", {"concurrency": 64, "prompt_len": 3840}, "p06 flash-attn",
+                            "p06 torch", H200),
+    # p07: only the decode kernel differs (p07's own engine on FlashAttention is the baseline).
+    "p07_triton_decode": ("concurrency", "llama-8b", {"concurrency": 64}, "p07 triton", "p07 flash-attn", H200),
     "p08_preemption": ("offline", "llama-1b", {"kv_cache_bytes": 2 << 30}, "p08 recompute", "p07", H200),
     "p09_http_serving": ("concurrency", "llama-1b", {"concurrency": 64}, "p09 http", "p09", H200),
     "p10_review": ("concurrency", "llama-1b", {"concurrency": 64}, "p10", "p09", H200),
@@ -346,13 +430,13 @@ def headline(records: list[dict], phase: str, history: list[dict] | None = None)
     workload, preset, setting, mine, base, device = spec
     key = WORKLOADS[workload][0]
     rec = newest(headline_records(records, phase))
-    other = same_run(records, rec, base)
+    other = baseline(records, rec, base)
     if not (rec and other):
         return f"_No same-run measurement of {mine} vs {base} yet: run the part named below, then `make results`._"
     where = ", ".join(f"{k}={v}" for k, v in setting.items()) or "the standard set"
     command = (rec.get("provenance") or {}).get("make_command", "?")
     history = load_history() if history is None else history
-    return (f"**{format_ratio(paired_ratio(rec, other, key))}** {WORKLOADS[workload][1]}, {mine} vs {base} "
+    return (f"**{ratio_text(records, rec, other, key)}** {WORKLOADS[workload][1]}, {mine} vs {base} "
             f"({where}, {preset}, {rec['dtype']}, {device}; {fmt(key, metric(rec, key))} vs {fmt(key, metric(other, key))}, "
             f"{repeats_text([rec])}, one run).{across_runs(records + history, phase, command)} Reproduce: `{command}`.")
 
@@ -364,7 +448,7 @@ def headline_runs(records: list[dict], phase: str, command: str | None = None) -
     runs = sorted((r for r in headline_records(records, phase)
                    if command is None or (r.get("provenance") or {}).get("make_command") == command),
                   key=lambda r: (r.get("provenance") or {}).get("utc", ""))
-    ratios = [(r, paired_ratio(r, same_run(records, r, base) or {}, key)) for r in runs]
+    ratios = [(r, paired_ratio(r, baseline(records, r, base) or {}, key)) for r in runs]
     return [(r, ratio) for r, ratio in ratios if ratio]
 
 
@@ -375,9 +459,11 @@ def runs_table(records: list[dict], phase: str) -> str:
     key = WORKLOADS[workload][0]
     rows = [[(r.get("provenance") or {}).get("utc", "?")[:16].replace("T", " "),
              short_sha((r.get("provenance") or {}).get("git_sha", "?")), str(r.get("repeats", "?")),
-             fmt(key, metric(r, key)), fmt(key, metric(same_run(records, r, base), key)), format_ratio(ratio)]
-            for r, ratio in headline_runs(records, phase)]
-    return table(["run (UTC)", "git", "repeats", mine, base, f"{mine} vs {base}"], rows)
+             fmt(key, metric(r, key)), fmt(key, metric(baseline(records, r, base), key)),
+             format_aa(aa_ratio(records, baseline(records, r, base), key)),
+             ratio_text(records, r, baseline(records, r, base), key, show_aa=False)]
+            for r, _ in headline_runs(records, phase)]
+    return table(["run (UTC)", "git", "repeats", mine, base, "A/A", f"{mine} vs {base}"], rows)
 
 
 def across_runs(records: list[dict], phase: str, command: str) -> str:
@@ -433,32 +519,77 @@ def profile_tables(records: list[dict], phase: str) -> str:
 
 # --- ladder: every phase's own engine, per device, gains from that phase's own runs ------------
 def ladder_cells(records: list[dict], own: list[dict], phase: str, engine: str, preset: str, top_c: int):
-    """The ladder's numbers for one (phase, engine, model) and the records behind them."""
+    """The ladder's numbers for one (phase, engine, model), the records behind them, and the three
+    records the absolute columns come from (latency, top concurrency, offline; None where absent)."""
     mine = select(own, phase=phase, engine=engine, preset=preset)
     lat = newest(select(mine, workload="latency"))
     at_c = newest([r for r in select(mine, workload="concurrency") if _workload_setting(r) == {"concurrency": top_c}])
-    offline = select(mine, workload="offline")           # a whole set first, else a part's first N requests
-    off = newest([r for r in offline if "requests" not in (r.get("setting") or {})]) or newest(offline)
+    off = ladder_offline(select(mine, workload="offline"))
     prev = prev_engine(phase)
-    lat_base = {b: same_run(records, lat, b) for b in (prev, "hf-static")}
-    c_base = same_run(records, at_c, prev) if prev else None
+    lat_base = {b: baseline(records, lat, b) for b in (prev, "hf-static")}
+    c_base = baseline(records, at_c, prev) if prev else None
     cells = [fmt("decode_tok_s", metric(lat, "decode_tok_s")), fmt("ms_per_token", metric(lat, "ms_per_token")),
              fmt("roofline_frac", metric(lat, "roofline_frac")),
-             *[format_ratio(paired_ratio(lat, b, "decode_tok_s") if b else None) for b in lat_base.values()],
+             *[ratio_text(records, lat, b, "decode_tok_s") for b in lat_base.values()],
              fmt("output_tok_s", metric(at_c, "output_tok_s")),
-             format_ratio(paired_ratio(at_c, c_base, "output_tok_s") if c_base else None),
+             ratio_text(records, at_c, c_base, "output_tok_s"),
              fmt("output_tok_s", metric(off, "output_tok_s")) + offline_set(off)]
     used = [r for r in (lat, at_c, off, *lat_base.values(), c_base) if r]
-    return cells, used
+    return cells, used, (lat, at_c, off)
+
+
+def ladder_offline(offline: list[dict]) -> dict | None:
+    """The offline record a ladder row shows: the whole set on an ample KV pool first, then a
+    part's first N requests, then a deliberately small pool (p08's, where preemption is the point)."""
+    def setting(r):
+        return r.get("setting") or {}
+    for keep in (lambda r: not {"requests", "kv_cache_bytes"} & set(setting(r)),
+                 lambda r: "kv_cache_bytes" not in setting(r), lambda r: True):
+        found = newest([r for r in offline if keep(r)])
+        if found:
+            return found
+    return None
 
 
 def offline_set(off: dict | None) -> str:
-    """Which offline set a ladder cell measured, where it is not the full one: " (small)",
-    " (small, 8 requests)"."""
-    n = ((off or {}).get("setting") or {}).get("requests")
+    """Which offline set a ladder cell measured, where it is not the full one on an ample pool:
+    " (small)", " (small, 8 requests)", " (KV pool 2 GiB)"."""
+    setting = (off or {}).get("setting") or {}
     names = [off["scale"]] if off and off.get("scale") != "full" else []
-    names += [f"{n} requests"] if n else []
+    names += [f"{setting['requests']} requests"] if setting.get("requests") else []
+    names += [f"KV pool {gib(setting['kv_cache_bytes'])}"] if setting.get("kv_cache_bytes") else []
     return f" ({', '.join(names)})" if names else ""
+
+
+def gib(n: int) -> str:
+    """Bytes as "2 GiB" / "0.5 GiB" / "2 MiB"."""
+    return f"{n / 2**30:g} GiB" if n >= 2**28 else f"{n / 2**20:g} MiB"
+
+
+def run_tags(sources: list[tuple]) -> tuple[dict, str]:
+    """Letters for the runs the ladder's absolute columns come from ({run id: "A"}), and a footnote
+    naming each: its run id, the make command, the commit and the date. The ladder's numbers of one
+    row can come from different runs (different machine starts): the letters say which."""
+    tags, notes = {}, []
+    for rec in (r for row in sources for r in row if r):
+        run = rec.get("run_id") or f"{rec['file']} {(rec.get('provenance') or {}).get('utc', '?')}"
+        if run in tags:
+            continue
+        tags[run] = chr(ord("A") + len(tags)) if len(tags) < 26 else f"R{len(tags)}"
+        prov = rec.get("provenance") or {}
+        notes.append(f"{tags[run]} = run {rec.get('run_id') or '(no id)'} (`{prov.get('make_command', '?')}`, "
+                     f"git {short_sha(prov.get('git_sha', 'unknown'))}, {prov.get('utc', '?')[:10]})")
+    return tags, ("_Runs behind the absolute columns (latency / c / offline): " + "; ".join(notes) + "._"
+                  if notes else "")
+
+
+def run_cell(tags: dict, row: tuple) -> str:
+    """"A / B / –": the run letter of each absolute column of a row."""
+    def tag(rec):
+        if rec is None:
+            return "–"
+        return tags[rec.get("run_id") or f"{rec['file']} {(rec.get('provenance') or {}).get('utc', '?')}"]
+    return " / ".join(tag(r) for r in row)
 
 
 def ladder_device(records: list[dict], device: str) -> str | None:
@@ -468,25 +599,31 @@ def ladder_device(records: list[dict], device: str) -> str | None:
         return None
     top_c = max((r["setting"].get("concurrency", 0) for r in own if r["workload"] == "concurrency"), default=0)
     header = ["phase", "engine", "model", "decode tok/s", "ms/token", "% of roofline", "vs previous phase",
-              "vs hf-static", f"output tok/s at c={top_c}", f"vs previous phase at c={top_c}", "offline output tok/s"]
-    rows, used = [], []
+              "vs hf-static", f"output tok/s at c={top_c}", f"vs previous phase at c={top_c}", "offline output tok/s",
+              "runs"]
+    rows, used, sources = [], [], []
     for phase in sorted({r["phase"] for r in own}):
         first = True
         for engine in order_engines(r["engine"] for r in select(own, phase=phase)):
             for preset in order_presets(r["preset"] for r in select(own, phase=phase, engine=engine)):
-                cells, behind = ladder_cells(records, own, phase, engine, preset, top_c)
+                cells, behind, source = ladder_cells(records, own, phase, engine, preset, top_c)
                 rows.append([f"[{phase}](phases/{phase})" if first else "", engine, preset, *cells])
                 used += behind
+                sources.append(source)
                 first = False
+    tags, runs_note = run_tags(sources)
+    for row, source in zip(rows, sources):
+        row.append(run_cell(tags, source))
     col = header.index("% of roofline")
     if all(row[col] == fmt("roofline_frac", None) for row in rows):      # a CPU's records: no roofline
         for row in (header, *rows):
             del row[col]
     dtypes = ", ".join(sorted({str(r.get("dtype")) for r in own}))
     caption = (f"**{device}** ({dtypes}): each phase's own engine (a parallel engine's modes are rows of their "
-               f"own); {repeats_text(used)}; every ratio comes from that phase's own run ({RATIO_NOTE}); "
-               "an empty cell has no same-run measurement")
-    return f"{caption}\n\n{table(header, rows)}\n\n{provenance_line(used)}"
+               f"own); {repeats_text(used)}; every ratio comes from that phase's own run and states that run's "
+               f"A/A range ({RATIO_NOTE}); an empty cell has no same-run measurement; the absolute columns of "
+               "one row may come from different runs, named in the last column")
+    return f"{caption}\n\n{table(header, rows)}\n\n{runs_note}\n\n{provenance_line(used)}"
 
 
 def ladder(records: list[dict]) -> str:
@@ -496,8 +633,15 @@ def ladder(records: list[dict]) -> str:
 
 
 # --- README rewriting ---------------------------------------------------------------------------
-def build(name: str, phase: str | None, records: list[dict], history: list[dict] = ()) -> str | None:
-    """The generated body for marker `name` (None when the name is unknown here)."""
+def build(name: str, phase: str | None, records: list[dict], history: list[dict] = (),
+          unreadable: list = ()) -> str | None:
+    """The generated body for marker `name` (None when the name is unknown here), followed by a
+    line for every result file it should have read and could not."""
+    body = build_body(name, phase, records, history)
+    return None if body is None else body + unreadable_note(list(unreadable), None if name == "ladder" else phase)
+
+
+def build_body(name: str, phase: str | None, records: list[dict], history: list[dict] = ()) -> str | None:
     if name == "ladder":
         return ladder(records)
     if phase and name == "headline":
@@ -511,9 +655,10 @@ def build(name: str, phase: str | None, records: list[dict], history: list[dict]
     return None
 
 
-def render(text: str, phase: str | None, records: list[dict], where: str = "", history: list[dict] = ()) -> str:
+def render(text: str, phase: str | None, records: list[dict], where: str = "", history: list[dict] = (),
+           unreadable: list = ()) -> str:
     def replace(m: re.Match) -> str:
-        body = build(m.group(2), phase, records, history)
+        body = build(m.group(2), phase, records, history, unreadable)
         if body is None:
             print(f"[report] {where}: unknown marker results:{m.group(2)}, left as it is", file=sys.stderr)
             return m.group(0)
@@ -533,11 +678,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if any README is stale")
     p.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
     args = p.parse_args(argv)
-    records, history = load_records(args.root), load_history(args.root)
+    unreadable: list = []
+    records, history = load_records(args.root, unreadable=unreadable), load_history(args.root, unreadable)
     stale = []
     for path, phase in readmes(args.root):
         text = path.read_text()
-        new = render(text, phase, records, where=str(path.relative_to(args.root)), history=history)
+        new = render(text, phase, records, where=str(path.relative_to(args.root)), history=history,
+                     unreadable=unreadable)
         if new != text:
             stale.append(path.relative_to(args.root))
             if not args.check:

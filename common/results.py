@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -62,6 +63,45 @@ def history_path(path: Path) -> Path:
     return path.parent / "history" / path.name
 
 
+def read_list(path: Path) -> list:
+    """The records a result file holds ([] when there is none). A file that is not readable JSON
+    (an interrupted write before writes were atomic left one empty) is moved aside, loudly, and
+    counts as empty: a bench run never dies on it, and its bytes stay for a look."""
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        print(f"[results] WARNING: {path} is not readable JSON ({e}); moved it to {move_aside(path)}",
+              file=sys.stderr, flush=True)
+        return []
+    if not isinstance(data, list):
+        raise ValueError(f"{path} holds JSON that is not a list of records; move it away")
+    return data
+
+
+def move_aside(path: Path) -> Path:
+    """Rename an unreadable result file to <name>.corrupt-<UTC time> (not *.json: no reader picks it up)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    path.replace(target)
+    return target
+
+
+def write_json(path: Path, data) -> None:
+    """Write atomically: a temporary file in the same folder, then os.replace() over `path`. An
+    interrupt leaves either the old file or the new one, never a truncated one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o644)                       # mkstemp's 0600 would follow the file into the checkout
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_records(path: Path, records: list[dict]) -> None:
     """Merge `records` into the file at `path`, replacing records with the same key.
 
@@ -70,16 +110,14 @@ def write_records(path: Path, records: list[dict]) -> None:
     from run to run is itself a result). A record rewritten within its own run (common.bench
     writes after every round) or without a run id is simply replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(path.read_text()) if path.exists() else []
+    old = read_list(path)
     new_runs = {record_key(r): r.get("run_id") for r in records}
     superseded = [r for r in old if r.get("run_id") and new_runs.get(record_key(r)) not in (None, r["run_id"])]
     if superseded:
         archive = history_path(path)
         archive.parent.mkdir(exist_ok=True)
-        kept = json.loads(archive.read_text()) if archive.exists() else []
-        archive.write_text(json.dumps(kept + superseded, indent=1) + "\n")
-    merged = [r for r in old if record_key(r) not in new_runs] + records
-    path.write_text(json.dumps(merged, indent=1) + "\n")
+        write_json(archive, read_list(archive) + superseded)
+    write_json(path, [r for r in old if record_key(r) not in new_runs] + records)
 
 
 def read_records(phase: str | None = None) -> list[dict]:

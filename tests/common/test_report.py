@@ -65,11 +65,12 @@ def test_ladder_ratios_come_from_each_phase_own_run(tmp_path):
                                     "| vs previous phase | vs hf-static |")
     # p01 vs hf-static per repeat: 100/400, 90/400, 110/400; floor 1 ms at 10 ms/token -> 10%
     assert rows(h200)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | llama-1b | 100 | 10.00 | 10.0% "
-                                    "| – | 0.25× (0.23–0.28) |")
+                                    "| – | 0.25× (0.23–0.28) loss; no A/A |")
     # p02 vs p01 from p02's own run (2.5, 2.0, 3.0); no hf-static in that run: the cell stays empty
     assert rows(h200)[2].startswith("| [p02_next](phases/p02_next) | p02 | llama-1b | 250 | 4.00 | 25.0% "
-                                    "| 2.50× (2.00–3.00) | – |")
-    assert rows(h200)[2].endswith("| 5,000 |")
+                                    "| 2.50× (2.00–3.00); no A/A | – |")
+    assert rows(h200)[2].endswith("| 5,000 | B / – / C |")       # each absolute column names its run
+    assert "_Runs behind the absolute columns (latency / c / offline): A = run run-a (" in h200
     assert "`results/p01_serial/latency-h200.json` (`make phase-01 bench PART=latency`, git 0123456, " \
            "2030-01-02 UTC, NVIDIA H200)" in h200
     assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | tiny-llama | 1,000 |")
@@ -80,7 +81,7 @@ def test_ratio_whose_range_includes_one_is_noise(tmp_path):
             latency("p02_next", "p02", "llama-1b", 105.0, samples=[105.0, 95.0, 110.0])]
     write(tmp_path, "p02_next/latency-h200.json", recs)
     table = report.before_after(report.load_records(tmp_path), "p02_next", "NVIDIA H200", "latency")
-    assert rows(table)[1].endswith("| 1.05× (0.95–1.10) noise |")
+    assert rows(table)[1].endswith("| no A/A | 1.05× (0.95–1.10) noise |")
 
 
 def test_before_after_takes_the_previous_phase_from_this_phase_only(tmp_path):
@@ -89,10 +90,11 @@ def test_before_after_takes_the_previous_phase_from_this_phase_only(tmp_path):
     text = (root / "phases/p02_next/README.md").read_text()
     latency_table, offline_table = text.split("offline throughput")
     assert rows(latency_table) == [
-        "| model | p01 | **p02** | p02 ms/token | p02 % of roofline | p02 vs p01 |",
-        "| llama-1b | 100 | 250 | 4.00 | 25.0% | 2.50× (2.00–3.00) |"]
+        "| model | p01 | **p02** | p02 ms/token | p02 % of roofline | A/A (same run) | p02 vs p01 |",
+        "| llama-1b | 100 | 250 | 4.00 | 25.0% | no A/A | 2.50× (2.00–3.00) |"]
     assert "median of 3 repeats" in latency_table and "noise" in latency_table
-    assert rows(offline_table) == ["| model | **p02** | p02 total tok/s |", "| llama-1b | 5,000 | 9,000 |"]
+    assert rows(offline_table) == ["| model | **p02** | p02 total tok/s | A/A (same run) |",
+                                   "| llama-1b | 5,000 | 9,000 | no A/A |"]
     assert "_Source: `results/p02_next/latency-h200.json`" in latency_table
     assert "p01_serial" not in latency_table
     assert (root / "phases/p01_serial/README.md").read_text() == "# p01 without markers\n"
@@ -102,7 +104,7 @@ def test_records_of_two_runs_give_no_ratio(tmp_path):
     recs = [latency("p02_next", "p01", "llama-1b", 100.0, run="one"), latency("p02_next", "p02", "llama-1b", 250.0, run="two")]
     write(tmp_path, "p02_next/latency-h200.json", recs)
     table = report.before_after(report.load_records(tmp_path), "p02_next", "NVIDIA H200", "latency")
-    assert rows(table)[1].endswith("| 100 | 250 | 4.00 | 25.0% | – |")
+    assert rows(table)[1].endswith("| 100 | 250 | 4.00 | 25.0% | no A/A | – |")
 
 
 def test_best_knows_which_way_is_better():
@@ -127,7 +129,7 @@ def test_headline_is_one_same_run_ratio_with_its_command(tmp_path, monkeypatch):
     root = make_repo(tmp_path)
     monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "p01", "NVIDIA H200"))
     text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
-    assert text.startswith("**2.50× (2.00–3.00)** decode tok/s, p02 vs p01 (batch=1, llama-1b, bfloat16, NVIDIA H200;")
+    assert text.startswith("**2.50× (2.00–3.00); no A/A** decode tok/s, p02 vs p01 (batch=1, llama-1b, bfloat16, NVIDIA H200;")
     assert text.endswith("one run). Reproduce: `make phase-02 bench PART=latency`.")   # one run: no spread across runs
     monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "hf-static", "NVIDIA H200"))
     assert "No same-run measurement" in report.headline(report.load_records(root), "p02_next", [])
@@ -147,7 +149,7 @@ def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, mon
         r["provenance"]["make_command"] = "make phase-02 bench PART=latency-8b"
     write(root, "p02_next/history/latency-h200.json", older + other_part)
     text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
-    assert text.startswith("**2.50× (2.00–3.00)** decode tok/s")
+    assert text.startswith("**2.50× (2.00–3.00); no A/A** decode tok/s")
     assert ("one run). Across the 2 runs of this part in results/ (git 0123456, 0123456, oldest first): "
             "run medians 1.80–2.50×, repeat pairs 1.50–4.00×; the newest run's median lies inside the pairs of the "
             "run before it (1.50–4.00×). Reproduce: `make phase-02 bench PART=latency`.") in text
@@ -157,7 +159,7 @@ def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, mon
     assert "run medians 1.20–2.50×, repeat pairs 1.10–3.00×; the newest run's median lies outside" in text
     assert "(1.10–1.30×)" in text
     runs = rows(report.runs_table(report.load_records(root) + report.load_history(root), "p02_next"))
-    assert runs[0] == "| run (UTC) | git | repeats | p02 | p01 | p02 vs p01 |"
+    assert runs[0] == "| run (UTC) | git | repeats | p02 | p01 | A/A | p02 vs p01 |"
     assert [r.split(" | ")[-1] for r in runs[1:]] == ["1.20× (1.10–1.30) |", "2.50× (2.00–3.00) |"]  # oldest first
 
 
@@ -199,9 +201,9 @@ def test_concurrency_rows_in_numeric_order(tmp_path):
     text = (tmp_path / "phases/p02_next/README.md").read_text()
     assert "throughput at fixed concurrency" in text
     assert rows(text) == [
-        "| model | p01 | **p02** | hf-generate | p02 ms/step (ITL p50) | p02 vs p01 | p02 vs hf-generate |",
-        "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |",
-        "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |"]
+        "| model | p01 | **p02** | hf-generate | p02 ms/step (ITL p50) | A/A (same run) | p02 vs p01 | p02 vs hf-generate |",
+        "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | no A/A | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |",
+        "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | no A/A | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |"]
 
 
 def test_parallel_modes_are_columns_and_ladder_rows_of_their_own(tmp_path):
@@ -217,7 +219,7 @@ def test_parallel_modes_are_columns_and_ladder_rows_of_their_own(tmp_path):
     header, row = rows(report.before_after(records, "p04_par", "NVIDIA H200", "latency"))
     assert "**p04 pipeline**" in header and "**p04 replica**" in header
     assert "p04 replica vs p03" in header and "p04 pipeline vs p03" in header
-    assert "| 1.90× (1.90–1.90) |" in row and "| 0.80× (0.80–0.80) |" in row
+    assert "| 1.90× (1.90–1.90) |" in row and "| 0.80× (0.80–0.80) loss |" in row
     ladder_rows = rows(report.ladder(records))
     assert [r.split(" | ")[1] for r in ladder_rows[1:]] == ["p04 pipeline", "p04 replica"]
 
@@ -253,7 +255,7 @@ def test_ladder_throughput_at_the_top_concurrency_and_no_empty_rows(tmp_path):
     report.main(["--root", str(root)])
     h200 = (root / "README.md").read_text().split("**cpu**")[0]
     assert "| output tok/s at c=64 | vs previous phase at c=64 | offline output tok/s |" in rows(h200)[0]
-    assert rows(h200)[2].endswith("| 6,400 | 10.00× (10.00–10.00) | 5,000 |")
+    assert rows(h200)[2].endswith("| 6,400 | 10.00× (10.00–10.00); no A/A | 5,000 | B / C / D |")
     assert "p03_unwritten" not in h200
 
 
@@ -323,5 +325,59 @@ def test_ladder_offline_cell_names_a_partial_set(tmp_path):
     write(root, "p01_serial/offline-h200.json", [part | {"scale": "small"}])
     assert report.main(["--root", str(root)]) == 0
     h200 = (root / "README.md").read_text().split("**cpu**")[0]
-    assert rows(h200)[1].endswith("| 86.0 (small, 8 requests) |")
-    assert rows(h200)[2].endswith("| 5,000 |")                  # p02's whole set: no label
+    assert rows(h200)[1].endswith("| 86.0 (small, 8 requests) | A / – / A |")
+    assert rows(h200)[2].endswith("| 5,000 | B / – / C |")                  # p02's whole set: no label
+
+
+def test_aa_control_turns_an_old_rule_gain_into_noise(tmp_path):
+    """p07 1.12x (1.03-1.24) over p06 beside the run's A/A pair p06#2/p06 of 0.88-1.12: the old rule
+    said gain, the A/A rule says noise; the twin is no column, its range is the A/A column."""
+    recs = [latency("p07_next", "p06", "llama-1b", 100.0, samples=[100.0, 100.0, 100.0]),
+            latency("p07_next", "p06#2", "llama-1b", 100.0, samples=[88.0, 112.0, 100.0]),
+            latency("p07_next", "p07", "llama-1b", 112.0, samples=[103.0, 124.0, 112.0])]
+    write(tmp_path, "p07_next/latency-h200.json", recs)
+    records = report.load_records(tmp_path)
+    header, row = rows(report.before_after(records, "p07_next", "NVIDIA H200", "latency"))
+    assert "p06#2" not in header and header.endswith("| A/A (same run) | p07 vs p06 |")
+    assert row.endswith("| A/A 0.88–1.12 | 1.12× (1.03–1.24) noise |")
+    assert "1.12× (1.03–1.24) noise; A/A 0.88–1.12" in report.ladder(records)
+    old_rule = [r for r in records if r["engine"] != "p06#2"]            # the same run without its control
+    assert "1.12× (1.03–1.24); no A/A" in report.ladder(old_rule)
+
+
+def test_ladder_finds_the_previous_phase_under_its_variant_label(tmp_path):
+    """p07's runs name their baseline "p06 flash-attn": the ladder's p07 row still finds it."""
+    base = latency("p07_next", "p06", "llama-1b", 100.0, samples=[100.0, 100.0, 100.0])
+    mine = latency("p07_next", "p07", "llama-1b", 150.0, samples=[150.0, 160.0, 140.0])
+    base["setting"] = {"batch": 1, "attention_backend": "flash-attn"}
+    mine["setting"] = {"batch": 1, "attention_backend": "triton"}
+    write(tmp_path, "p07_next/latency-h200.json", [base, mine])
+    [row] = rows(report.ladder(report.load_records(tmp_path)))[1:]
+    assert "| p07 triton | llama-1b | 150 |" in row and "| 1.50× (1.40–1.60); no A/A |" in row
+
+
+def test_ladder_labels_a_small_kv_pool(tmp_path):
+    """p08's 2 GiB-pool offline numbers are named as such, and an ample-pool run comes first."""
+    small = record("p08_pre", "p08", "llama-1b", "offline", run="small", output_tok_s=3000.0,
+                   setting={"kv_cache_bytes": 2 << 30})
+    write(tmp_path, "p08_pre/offline-h200.json", [small])
+    assert "| 3,000 (KV pool 2 GiB) |" in report.ladder(report.load_records(tmp_path))
+    ample = record("p08_pre", "p08", "llama-1b", "offline", run="ample", output_tok_s=5000.0)
+    write(tmp_path, "p08_pre/offline-h200.json", [small, ample])
+    records = report.load_records(tmp_path)
+    assert "| 5,000 |" in report.ladder(records) and "(KV pool" not in report.ladder(records)
+    assert "llama-1b (KV pool 2 GiB)" in report.before_after(records, "p08_pre", "NVIDIA H200", "offline")
+
+
+def test_an_unreadable_result_file_is_named_not_dropped(tmp_path, capsys):
+    root = make_repo(tmp_path)
+    (root / "results/p02_next/concurrency-h200.json").write_text("")            # emptied by an interrupt
+    (root / "results/p02_next/gather-h200.json").write_text('[{"phase": "p02_next",')  # cut short
+    assert report.main(["--root", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: cannot read results/p02_next/concurrency-h200.json (JSONDecodeError" in err
+    assert "results/p02_next/gather-h200.json" in err
+    for readme in ("README.md", "phases/p02_next/README.md"):
+        text = (root / readme).read_text()
+        assert "**Unreadable result file** `results/p02_next/concurrency-h200.json` (JSONDecodeError" in text
+        assert "**Unreadable result file** `results/p02_next/gather-h200.json`" in text

@@ -49,3 +49,33 @@ def test_tables_read_the_newest_run_only(tmp_path):
     write_records(path, [rec("run-b", 120.0)])
     assert [r["run_id"] for r in report.load_records(tmp_path)] == ["run-b"]
     assert [r["run_id"] for r in report.load_history(tmp_path)] == ["run-a"]
+
+
+def test_writes_are_atomic_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    """write_records writes a temporary file beside the target and renames it over: an interrupt
+    in the middle (here: json.dumps raising) leaves the old file whole and no temporary behind."""
+    import common.results as results
+    path = tmp_path / "concurrency-h200.json"
+    write_records(path, [rec("run-a", 100.0)])
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(results.json, "dumps", interrupted)
+    try:
+        write_records(path, [rec("run-a", 200.0)])
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    assert [r["metrics"]["output_tok_s"] for r in read(path)] == [100.0]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_corrupt_result_file_is_moved_aside_not_fatal(tmp_path, capsys):
+    """An empty or cut-short file (left by an interrupted write before writes were atomic): the
+    next write moves it to <name>.corrupt-<time>, says so on stderr, and writes its records."""
+    path = tmp_path / "concurrency-h200.json"
+    path.write_text("")
+    write_records(path, [rec("run-a", 100.0)])
+    assert [r["run_id"] for r in read(path)] == ["run-a"]
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith(path.name + ".corrupt-")]
+    assert aside.read_text() == "" and "not readable JSON" in capsys.readouterr().err
