@@ -10,8 +10,19 @@ every engine runs every setting once, the engines' order rotated by one each rou
 C A B, ...), so that no engine always runs first or always right after the same neighbour. The
 host's launch rate and the GPU's clocks drift over minutes; engines measured in the same minutes
 share the drift, so the ratio of two engines is taken per round (common.stats) and quoted with its
-range. Each record keeps its
-samples, their medians (metrics) and min-max (spread). The engines are freed before the next preset.
+range. Each record keeps its samples, their medians (metrics) and min-max (spread). The engines are
+freed before the next preset.
+
+An A/A control rides in every comparison: the baseline listed twice, the second time with the
+suffix "#2" ("p05,p05#2,p06"), is built twice the same way and measured like the others. The
+ratio of the two identical engines is the run's noise; every record of the setting carries it
+("aa"), and common.stats calls a ratio a gain only where it clears that range.
+
+Noise control (--noise-control, on unless "off"): a full collection, then the garbage collector
+frozen and off while a sample runs (a collection inside a timed step is a host stall the engines
+do not own), and on a GPU host the process pinned to a fixed set of cores (no migration between
+cores mid-run). An explicit --noise-control on|off goes into the records' setting, so one part
+can keep both and compare their A/A ranges.
 
 Committed results come from `make phase-NN bench PART=...` (run_parts below), which names the make
 command and the part in every record's provenance.
@@ -19,9 +30,12 @@ command and the part in every record's provenance.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import json
+import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -32,8 +46,8 @@ from . import measure, roofline, stats, workloads
 from .device import check_device, default_device, default_dtype, device_name, parse_dtype
 from .engines import HF_ENGINES, make_engine, phase_folder
 from .loader import resolve
-from .report import engine_label
-from .results import RESULTS, device_tag, provenance, write_records
+from .report import engine_label, twin_label
+from .results import RESULTS, device_tag, move_aside, provenance, write_records
 
 
 def compare(preset: str, args, works: list, hw: dict, run: dict, out: Path) -> list[dict]:
@@ -51,10 +65,12 @@ def compare(preset: str, args, works: list, hw: dict, run: dict, out: Path) -> l
                 for name in rotated(list(engines), rep):
                     engine = engines[name]
                     configure(engine, name, setting)
-                    samples[name, i].append({"repeat": rep, **take_sample(engine, work, args.device)})
+                    with quiet_gc(args.noise_control != "off"):
+                        sample = take_sample(engine, work, args.device)
+                    samples[name, i].append({"repeat": rep, **sample})
             records = [record(name, preset, args, works[i], samples[name, i], hw, run, resident.get(name))
                        for name in engines for i in range(len(works))]
-            write_records(out, records)
+            write_records(out, with_aa(records))
         return records
     finally:
         close(engines)
@@ -123,8 +139,57 @@ def repeats(args) -> int:
 
 
 def engine_name(spec: str) -> str:
-    """An engine spec is a name and its own options: "p04 parallel=replica world_size=2"."""
+    """An engine spec is a name and its own options: "p04 parallel=replica world_size=2"; the
+    name may carry an instance suffix, "p05#2" (the A/A control's twin), which builds "p05"."""
+    return instance_name(spec).partition("#")[0]
+
+
+def instance_name(spec: str) -> str:
+    """The engine as records name it: "p05", or "p05#2" for the A/A control's second instance."""
     return spec.split()[0]
+
+
+def twin_spec(spec: str) -> str:
+    """The A/A control of an engine spec: "p06 attention_backend=torch" -> "p06#2 attention_backend=torch"."""
+    name, *options = spec.split()
+    return " ".join([name + stats.TWIN, *options])
+
+
+# --- noise control --------------------------------------------------------------------------------
+PIN_CORES = 8          # a GPU host's bench process keeps to this many cores (the lowest ids it may use)
+
+
+@contextlib.contextmanager
+def quiet_gc(on: bool = True):
+    """Collect now, then no collection while the body runs (a sample): gc.freeze() moves every
+    live object out of the collector's sight, gc.disable() stops the automatic passes."""
+    if not on:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def pinned_cores(on: bool, device: str):
+    """On a GPU host, pin this process (and the workers it starts) to a fixed set of cores for the
+    body, then give the old set back. A CPU run keeps every core: its compute is the measurement."""
+    if not (on and device.startswith("cuda") and hasattr(os, "sched_setaffinity")):
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    cores = sorted(before)[:PIN_CORES]
+    os.sched_setaffinity(0, cores)
+    try:
+        yield cores
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def phase_options(spec: str, args) -> dict:
@@ -148,11 +213,39 @@ def record(name, preset, args, work_setting, samples, hw, run, resident_gib) -> 
                     "prompt_tokens": work.prompt_tokens}
         if resident_gib is not None and "run_peak_gib" in metrics:
             metrics["peak_mem_gib"] = resident_gib + metrics["run_peak_gib"]
-    return {"phase": args.phase, "engine": engine_name(name), "workload": args.workload, "preset": preset,
-            "dtype": args.dtype, "scale": args.scale, "setting": setting | phase_options(name, args),
+    noise = {"noise_control": args.noise_control} if args.noise_control_explicit else {}
+    return {"phase": args.phase, "engine": instance_name(name), "workload": args.workload, "preset": preset,
+            "dtype": args.dtype, "scale": args.scale, "setting": setting | phase_options(name, args) | noise,
             "device": device_name(args.device), "run_id": run["run_id"], "part": run["part"],
             "repeats": len(samples), "metrics": metrics, "spread": spread, "samples": samples, "hardware": hw,
+            "noise_control": {"gc_frozen": args.noise_control != "off", "cpus": run.get("cpus")},
             "provenance": provenance(device_name(args.device)) | {"make_command": run["make_command"]}}
+
+
+def main_metric(workload: str) -> str:
+    return "decode_tok_s" if workload == "latency" else "output_tok_s"
+
+
+def with_aa(records: list[dict]) -> list[dict]:
+    """Every record gets the A/A ratio of its preset and setting ("aa": twin over baseline, per
+    repeat pair, on the workload's main metric, with the baseline's label), where the run has a twin."""
+    for twin in [r for r in records if stats.TWIN in r["engine"]]:
+        base = next((r for r in records if twin_label(engine_label(r)) == engine_label(twin)
+                     and r["preset"] == twin["preset"] and r["setting"] == twin["setting"]), None)
+        key = main_metric(twin["workload"])
+        aa = stats.paired_ratio(twin, base, key) if base else None
+        for r in records if aa else []:
+            if r["preset"] == twin["preset"] and workload_setting(r) == workload_setting(twin):
+                r["aa"] = aa | {"metric": key, "engine": engine_label(base)}
+    return records
+
+
+def workload_setting(rec: dict) -> dict:
+    """The setting without the engines' own options: what engines of one comparison share."""
+    return {k: v for k, v in rec["setting"].items() if k in SHARED_SETTINGS}
+
+
+SHARED_SETTINGS = ("batch", "concurrency", "requests", "prompt_len", "noise_control")
 
 
 def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict) -> None:
@@ -171,27 +264,36 @@ def standard_line(rec: dict) -> str:
     where = f"C={rec['setting']['concurrency']:<3}" if "concurrency" in rec["setting"] else ""
     where += "".join(f"{k}={v} " for k, v in rec["setting"].items() if k not in ("concurrency", "batch"))
     head = f"[bench] {rec['engine']:<12} {rec['workload']:<8} {where}{rec['preset']:<13} {rec['dtype']:<8} {rec['device']}:"
+    aa = f"  {stats.format_aa(rec.get('aa'))}"
     if rec["workload"] == "latency":
         lo, hi = lo_hi["decode_tok_s"]
         return (f"{head} {m['decode_tok_s']:8.1f} tok/s ({lo:.1f}-{hi:.1f})  {m['ms_per_token']:7.2f} ms/token  "
-                f"prefill {m['prefill_ms']:7.1f} ms  {100 * m['roofline_frac']:5.1f}% of roofline")
+                f"prefill {m['prefill_ms']:7.1f} ms  {100 * m['roofline_frac']:5.1f}% of roofline{aa}")
     lo, hi = lo_hi["output_tok_s"]
     step = f"  {m['itl_ms_p50']:.2f} ms/step" if "itl_ms_p50" in m else ""
+    step += f"  {m['mean_in_flight']:.1f} in flight" if "mean_in_flight" in m else ""
+    step += f"  {m['num_preemptions']:g} preemptions" if "num_preemptions" in m else ""
     return (f"{head} {m['output_tok_s']:8.1f} out tok/s ({lo:.1f}-{hi:.1f})  {m['total_tok_s']:8.1f} total tok/s  "
-            f"{m['num_requests']} reqs in {m['wall_s']:.1f} s{step}")
+            f"{m['num_requests']} reqs in {m['wall_s']:.1f} s{step}{aa}")
 
 
 def ratio_lines(records: list[dict]) -> list[str]:
-    """Every engine against the first of the run, per setting, with the range over repeat pairs."""
-    key = "decode_tok_s" if records and records[0]["workload"] == "latency" else "output_tok_s"
+    """Every engine against the first of the run, per setting, with the range over repeat pairs,
+    judged against the setting's A/A range; the twin's own line is that range."""
+    key = main_metric(records[0]["workload"]) if records else None
     first = engine_label(records[0]) if records else None
     lines = []
     for base in [r for r in records if engine_label(r) == first]:
         for other in records:
-            if engine_label(other) != first and other["preset"] == base["preset"] and \
-                    other["setting"].get("concurrency") == base["setting"].get("concurrency"):
-                lines.append(f"[bench]   {engine_label(other)} vs {first} ({base['preset']} {base['setting']}): "
-                             f"{stats.format_ratio(stats.paired_ratio(other, base, key))}")
+            if engine_label(other) == first or other["preset"] != base["preset"] or \
+                    workload_setting(other) != workload_setting(base):
+                continue
+            ratio = stats.paired_ratio(other, base, key)
+            if engine_label(other) == twin_label(first):
+                text = "–" if ratio is None else f"{stats.fmt_bound(ratio['median'])}× ({stats.format_range(ratio)}) A/A control"
+            else:
+                text = stats.format_ratio(ratio, other.get("aa"))
+            lines.append(f"[bench]   {engine_label(other)} vs {first} ({base['preset']} {base['setting']}): {text}")
     return lines
 
 
@@ -212,9 +314,22 @@ def make_workloads(args) -> list[tuple[workloads.Workload, dict]]:
 def main(argv=None, part: str | None = None, make_command: str | None = None) -> list[dict]:
     """Run one comparison; `part` and `make_command` come from run_parts (a phase's bench set)."""
     args = parse_args(argv)
-    out = Path(args.out or RESULTS / args.phase / f"{args.workload}-{device_tag(device_name(args.device))}.json")
+    stem = args.file or args.workload
+    out = Path(args.out or RESULTS / args.phase / f"{stem}-{device_tag(device_name(args.device))}.json")
     check_out(out)
-    run = {"run_id": uuid.uuid4().hex[:12], "part": part, "make_command": make_command}
+    with pinned_cores(args.noise_control != "off", args.device) as cores:
+        run = {"run_id": uuid.uuid4().hex[:12], "part": part, "make_command": make_command,
+               "cpus": f"{cores[0]}-{cores[-1]}" if cores else None}
+        records, failures = compare_presets(args, run, out)
+    print(f"[bench] run {run['run_id']}: wrote {len(records)} records to {out}")
+    if failures:
+        raise SystemExit(f"[bench] {len(failures)} run(s) failed:\n  " + "\n  ".join(failures))
+    return records
+
+
+def compare_presets(args, run: dict, out: Path) -> tuple[list[dict], list[str]]:
+    """compare() for every preset of the run: (records, failures); a failed preset is reported
+    and the others are still measured."""
     hw = roofline.measure(args.device)
     works = make_workloads(args)
     records, failures = [], []
@@ -227,10 +342,7 @@ def main(argv=None, part: str | None = None, make_command: str | None = None) ->
             continue
         print("\n".join([standard_line(r) for r in new] + ratio_lines(new)), flush=True)
         records.extend(new)
-    print(f"[bench] run {run['run_id']}: wrote {len(records)} records to {out}")
-    if failures:
-        raise SystemExit(f"[bench] {len(failures)} run(s) failed:\n  " + "\n  ".join(failures))
-    return records
+    return records, failures
 
 
 def check_out(out: Path) -> None:
@@ -240,9 +352,12 @@ def check_out(out: Path) -> None:
     if out.exists():
         try:
             old = json.loads(out.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SystemExit(f"[bench] --out {out} exists and is not a JSON result file ({e}); "
-                             "move it away or choose another path") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:   # e.g. emptied by an interrupted write
+            print(f"[bench] WARNING: {out} is not readable JSON ({e}); moved it to {move_aside(out)}",
+                  file=sys.stderr, flush=True)
+            return
+        except OSError as e:
+            raise SystemExit(f"[bench] --out {out} cannot be read ({e}); move it away or choose another path") from None
         if not isinstance(old, list):
             raise SystemExit(f"[bench] --out {out} holds JSON that is not a list of records")
     elif out.parent.exists() and not out.parent.is_dir():
@@ -276,7 +391,12 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=None, help="rounds of every engine (default by workload and scale)")
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--out", default=None, help="result file (default results/<phase>/<workload>-<device>.json)")
+    p.add_argument("--out", default=None, help="result file (default results/<phase>/<file>-<device>.json)")
+    p.add_argument("--file", default=None, help="result file stem under results/<phase>/ (default: the workload); "
+                   "parts that share an engine and a setting need files of their own, or one replaces the other")
+    p.add_argument("--noise-control", choices=["on", "off"], default=None,
+                   help="gc frozen around samples and (GPU host) pinned cores; default on. Given explicitly, it "
+                   "goes into each record's setting (a part that measures the A/A range with and without)")
     p.add_argument("--engine-options", default="", help="key=value,... for every phase engine of the run "
                    "(e.g. parallel=replica,world_size=2); recorded in each record's setting")
     args = p.parse_args(argv)
@@ -290,6 +410,7 @@ def parse_args(argv):
     except ValueError as e:
         p.error(str(e))
     args.dtype = args.dtype or default_dtype(args.device)
+    args.noise_control_explicit, args.noise_control = args.noise_control is not None, args.noise_control or "on"
     args.presets, args.engines = args.presets.split(","), args.engines.split(",")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.requests is not None and (args.requests < 1 or args.workload != "offline"):

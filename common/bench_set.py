@@ -5,6 +5,8 @@ each: engines of one run measured interleaved) or a function for a phase's own m
 On a GPU every part is sized to finish inside one 10-minute call; on a CPU the same comparisons
 run at --scale small on small presets, so the command always works and always writes a file.
 Every record names the make command and part that made it: committed results come from here only.
+Every comparison carries its A/A control (aa(): the baseline built twice), so that its ratios are
+judged against the drift of identical code in the same run (common.stats).
 """
 from __future__ import annotations
 
@@ -16,6 +18,17 @@ import torch
 from . import bench
 
 Part = Union[list[list[str]], Callable[[list[str], str], None]]
+
+
+def aa(engines: str, base: str | None = None) -> str:
+    """An engine list with the A/A control: the baseline (`base`, default the first engine) and
+    its twin first, then the rest. "p05,p06,hf-static" -> "p05,p05#2,p06,hf-static". The
+    harness builds the twin like the baseline and measures it like the rest (common.bench)."""
+    specs = engines.split(",")
+    base = base or specs[0]
+    if base not in specs:
+        raise ValueError(f"A/A baseline {base!r} is not among the engines {engines!r}")
+    return ",".join([base, bench.twin_spec(base), *[s for s in specs if s != base]])
 
 
 def make_command(phase: str, part: str) -> str:

@@ -32,6 +32,7 @@ def throughput_sample(engine, work, device: str) -> dict:
     before = memory_allocated(device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    preempted = preemptions(engine)
     synchronize(device)
     start = time.perf_counter()
     outs = engine.generate(work.prompts, work.params)
@@ -51,7 +52,16 @@ def throughput_sample(engine, work, device: str) -> dict:
         sample["itl_ms_p50"] = 1e3 * itls[len(itls) // 2]
     if device.startswith("cuda"):   # what this run added on top of what was resident before it
         sample["run_peak_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+    if preempted is not None:       # an engine that preempts (phase 08 on): how often, in this sample
+        sample["num_preemptions"] = preemptions(engine) - preempted
     return sample
+
+
+def preemptions(engine) -> int | None:
+    """The engine's running count of preemptions (its scheduler's num_preemptions), or None for an
+    engine without one."""
+    count = getattr(getattr(engine, "scheduler", None), "num_preemptions", None)
+    return count if isinstance(count, int) else None
 
 
 def warm_up(engine, work) -> None:

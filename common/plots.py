@@ -5,6 +5,8 @@ one workload, draws on a given Axes and puts the device in the title, so no plot
 Where several records share a cell (same engine, preset, setting), the newest is drawn. A ratio
 between engines is drawn only between records of one run, per repeat pair, median with its
 min-max range as an error bar (common.stats.paired_ratio); records of different runs are never divided.
+Beside a ratio stands its run's A/A range (the baseline built twice, common.report.aa_ratio), a
+grey band: a ratio whose bar does not clear the band and 1.0 is noise (common.stats.verdict).
 """
 from __future__ import annotations
 
@@ -17,20 +19,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402  (after choosing the backend)
 
-from .report import metric, newest, order_devices, order_engines, order_presets, same_run, select   # noqa: E402
+from .report import (aa_ratio, is_twin, metric, newest, order_devices, order_engines, order_presets,  # noqa: E402
+                     same_run, select)
 from .results import ROOT   # noqa: E402
-from .stats import paired_ratio   # noqa: E402
+from .stats import TWIN, paired_ratio   # noqa: E402
 
 COLORS = {"hf-generate": "tab:gray", "hf-static": "tab:olive", "hf-generate-nocudnn": "tab:brown"}
 
 
 def color(engine: str, engines: list[str]) -> str:
     """Peers keep fixed colours; phase engines "pNN" take cycle colour NN-1 (the same in every plot);
-    other names take the default cycle in order."""
-    if engine in COLORS:
-        return COLORS[engine]
-    if re.fullmatch(r"p\d\d", engine):
-        return f"C{(int(engine[1:]) - 1) % 10}"
+    an A/A twin ("p05#2") its baseline's; other names take the default cycle in order."""
+    base = engine.replace(TWIN, "")
+    if base in COLORS:
+        return COLORS[base]
+    if re.fullmatch(r"p\d\d", base):
+        return f"C{(int(base[1:]) - 1) % 10}"
     mine = [e for e in engines if e not in COLORS]
     return f"C{mine.index(engine) % 10}"
 
@@ -146,7 +150,7 @@ def line_by_engine(records: list[dict], key: str, ax, *, x: str = "concurrency",
     point without a same-run base is left out). fmt labels every point; the newest record is
     drawn where several share (engine, x)."""
     have = [r for r in records if metric(r, key) is not None and setting(r, x) is not None]
-    engines = engines or order_engines(r["engine"] for r in have)
+    engines = engines or order_engines(r["engine"] for r in have if not is_twin(r["engine"]))
     xs = sorted({setting(r, x) for r in have})
 
     def rec(engine, v):
@@ -172,6 +176,7 @@ def line_by_engine(records: list[dict], key: str, ax, *, x: str = "concurrency",
             ax.annotate(fmt.format(y), (v, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if base:
         ax.axhline(1.0, color=color(base, engines), linewidth=1, linestyle="--", label=f"{base} = 1 (same run)")
+        aa_band(ax, have, base, key, xs, scale)
     if xs:
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(v) for v in xs])
@@ -180,6 +185,18 @@ def line_by_engine(records: list[dict], key: str, ax, *, x: str = "concurrency",
     ax.set_ylabel(ylabel or key)
     ax.legend(fontsize=8)
     title(ax, text or key, records)
+
+
+def aa_band(ax, records: list[dict], base: str, key: str, xs: list, scale: float = 1.0) -> None:
+    """Grey bars at each x: the A/A range of the base's run there (no bar where the run had no twin)."""
+    drawn = False
+    for v in xs:
+        rec = newest([r for r in records if r["engine"] == base and setting(r) == v])
+        aa = aa_ratio(records, rec, key)
+        if aa:
+            ax.fill_between([v / 1.15, v * 1.15], scale * aa["min"], scale * aa["max"], color="grey", alpha=0.3,
+                            label=None if drawn else "A/A range (same run)")
+            drawn = True
 
 
 def part_of_step(records: list[dict], ax, *, part_key: str = "gather_ms", total_key: str = "step_ms",
@@ -214,13 +231,17 @@ def part_of_step(records: list[dict], ax, *, part_key: str = "gather_ms", total_
     title(ax, text, have or records)
 
 
-def runs_figure(runs: list[tuple[dict, dict]], ylabel: str, text: str):
+def runs_figure(runs: list[tuple[dict, dict]], ylabel: str, text: str, aas: list[dict | None] | None = None):
     """One point per run (report.headline_runs: a record and its same-run ratio), oldest first:
-    the median of the run's repeat pairs, the bar their min-max; the dotted line is no change."""
+    the median of the run's repeat pairs, the bar their min-max; the dotted line is no change;
+    `aas`, one per run where given: that run's A/A range, a grey band behind its point."""
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     for i, (_, r) in enumerate(runs):
         ax.errorbar([i], [r["median"]], yerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]],
                     fmt="o", color="C0", capsize=4)
+        aa = (aas or [None] * len(runs))[i]
+        if aa:
+            ax.fill_between([i - 0.3, i + 0.3], aa["min"], aa["max"], color="grey", alpha=0.3)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     labels = [f"{rec['provenance']['utc'][:16].replace('T', ' ')}\ngit {rec['provenance']['git_sha'][:7]}"
               for rec, _ in runs]

@@ -40,3 +40,17 @@ def test_save_redirects_repo_paths_under_mini_infer_figures(tmp_path, monkeypatc
 def test_save_writes_where_asked_without_the_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("MINI_INFER_FIGURES", raising=False)
     assert plots.save(_blank(), tmp_path / "a" / "b.png").is_file()
+
+
+def test_ratio_lines_draw_the_runs_aa_range_and_leave_the_twin_out():
+    """base= draws each engine over the base per repeat pair, with the base's A/A range as a grey
+    band; the twin ("p02#2") is no line of its own."""
+    def conc(engine, c, values):
+        return {"engine": engine, "preset": "llama-1b", "workload": "concurrency", "device": "cpu", "run_id": "r",
+                "setting": {"concurrency": c}, "metrics": {"output_tok_s": values[0]},
+                "samples": [{"repeat": i, "output_tok_s": v} for i, v in enumerate(values)]}
+    recs = [conc("p02", 8, [100, 100]), conc("p02#2", 8, [95, 105]), conc("p03", 8, [150, 160])]
+    fig, ax = plots.plt.subplots()
+    plots.line_by_engine(recs, "output_tok_s", ax, base="p02")
+    labels = ax.get_legend_handles_labels()[1]
+    assert "p03" in labels and "p02#2" not in labels and "A/A range (same run)" in labels
