@@ -38,3 +38,19 @@ def test_gpu_bench_set_covers_every_workload_on_every_preset(phase):
         want |= {("concurrency", p, c) for p in ("llama-1b", "llama-8b") for c in (1, 8, 32, 64)}
     missing = want - measured(phase)
     assert not missing, f"{phase}'s GPU parts do not measure {sorted(missing, key=str)}"
+
+
+AA_PHASES = [*PHASES, "p06_paged_attention", "p07_triton_decode", "p08_preemption", "p09_http_serving", "p10_review"]
+
+
+@pytest.mark.parametrize("phase", AA_PHASES)
+def test_every_comparison_carries_its_aa_control(phase):
+    """Each comparison run of the phase's GPU and CPU sets builds its baseline (the first engine)
+    twice: the second instance, "<spec>#2", is the A/A control its ratios are judged against."""
+    from common.bench import twin_spec
+    bench = importlib.import_module(f"phases.{phase}.bench")
+    for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
+        for name, part in parts.items():
+            for run in ([] if callable(part) else part):
+                engines = option(run, "--engines").split(",")
+                assert engines[1] == twin_spec(engines[0]), (phase, name, engines)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import sys
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p01"
-PEERS = f"{ENGINE},hf-generate,hf-static"
+PEERS = aa(f"hf-generate,{ENGINE},hf-static")              # HF generate twice: the A/A control
 
 
 def offline(preset: str, scale: tuple = ()) -> list[list[str]]:
-    return [["--workload", "offline", *scale, "--presets", preset, "--engines", f"{ENGINE},hf-generate"]]
+    return [["--workload", "offline", *scale, "--presets", preset, "--engines", aa(f"hf-generate,{ENGINE}")]]
 
 
 SMALL_TWICE = ("--scale", "small", "--repeats", "2")
@@ -27,15 +27,15 @@ SMALL_TWICE = ("--scale", "small", "--repeats", "2")
 GPU_PARTS = {
     "latency": [["--workload", "latency", "--presets", "smollm2-135m-random,llama-1b", "--engines", PEERS]],
     "latency-8b": [["--workload", "latency", "--presets", "llama-8b", "--engines", PEERS]],
-    # Both engines decode one request at a time: the small set's 16 requests take about 5 minutes a
-    # round on an H200 (llama-1b), so the offline parts run the first 8 of them (4 on llama-8b, whose
-    # tokens take about 1.6 times as long), twice, to fit one 10-minute call.
-    "offline": offline("llama-1b", (*SMALL_TWICE, "--requests", "8")),
-    "offline-8b": offline("llama-8b", (*SMALL_TWICE, "--requests", "4")),
+    # The engines decode one request at a time: 16 requests took about 5 minutes a round for two on
+    # an H200 (llama-1b), so with the A/A twin the offline parts run the first 6 of them (3 on
+    # llama-8b, whose tokens take about 1.6 times as long), twice, to fit one 10-minute call.
+    "offline": offline("llama-1b", (*SMALL_TWICE, "--requests", "6")),
+    "offline-8b": offline("llama-8b", (*SMALL_TWICE, "--requests", "3")),
 }
 CPU_PARTS = {
     "latency": [["--workload", "latency", "--scale", "small", "--presets", "tiny-llama,smollm2-135m",
-                 "--engines", f"{ENGINE},hf-generate"]],
+                 "--engines", aa(f"hf-generate,{ENGINE}")]],
     "offline": offline("tiny-llama", ("--scale", "small")),
 }
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 from common import workloads
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 from common.device import default_device, default_dtype, device_name, synchronize
 from common.engines import make_engine
 from common.results import RESULTS, device_tag, provenance, write_records
@@ -29,22 +29,22 @@ HF = "hf-generate,hf-generate-nocudnn"
 
 
 def latency(presets: str, scale: tuple = ()) -> list[list[str]]:
-    return [["--workload", "latency", *scale, "--presets", presets, "--engines", f"{PREVIOUS},{ENGINE},hf-static"]]
+    return [["--workload", "latency", *scale, "--presets", presets, "--engines", aa(f"{PREVIOUS},{ENGINE},hf-static")]]
 
 
 def concurrency(preset: str, levels: str, scale: tuple = (), engines: str = f"{PREVIOUS},{ENGINE}") -> list[list[str]]:
     return [["--workload", "concurrency", *scale, "--concurrency", levels, "--presets", preset,
-             "--engines", f"{engines},{HF}"]]
+             "--engines", aa(f"{engines},{HF}")]]
 
 
 def offline(preset: str, scale: tuple = ()) -> list[list[str]]:
-    return [["--workload", "offline", *scale, "--presets", preset, "--engines", f"{PREVIOUS},{ENGINE}"]]
+    return [["--workload", "offline", *scale, "--presets", preset, "--engines", aa(f"{PREVIOUS},{ENGINE}")]]
 
 
-# A serial previous engine (p01) takes minutes per level at 32 and 64 requests and per full
-# offline set: p02's parts run it at 1 and 8 in flight and on the small offline set (8 requests on
-# llama-8b), and this engine alone against HF at 32 and 64. On llama-8b four engines at four levels,
-# three rounds, take longer than one 10-minute call: 1 and 8 in flight, and 32 and 64, are two parts.
+# Each comparison's first engine is its baseline, built twice (aa(): the A/A control). A serial p01
+# takes minutes per level at 32 and 64 in flight and per offline set: p02 runs it at 1 and 8 and on
+# the small set (5 requests on llama-8b), and itself alone with HF at 32 and 64. On llama-8b 1 and 8
+# in flight, 32, and 64 are three parts (each fits one 10-minute call); full offline sets run twice.
 SERIAL_BEFORE = PREVIOUS == "p01"
 HIGH = ENGINE if SERIAL_BEFORE else f"{PREVIOUS},{ENGINE}"      # who runs at 32 and 64 in flight
 GPU_PARTS = {
@@ -52,18 +52,18 @@ GPU_PARTS = {
     "latency-8b": latency("llama-8b"),
     "concurrency": concurrency("llama-1b", "1,8" if SERIAL_BEFORE else "1,8,32,64"),
     "concurrency-8b": concurrency("llama-8b", "1,8"),
-    "concurrency-8b-high": concurrency("llama-8b", "32,64", engines=HIGH),
-    "offline": offline("llama-1b", ("--scale", "small") if SERIAL_BEFORE else ()),
-    "offline-8b": offline("llama-8b", ("--scale", "small", *(("--requests", "8") if SERIAL_BEFORE else ()))),
+    **{f"concurrency-8b-{c}": concurrency("llama-8b", c, engines=HIGH) for c in ("32", "64")},
+    "offline": offline("llama-1b", ("--scale", "small") if SERIAL_BEFORE else ("--repeats", "2")),
+    "offline-8b": offline("llama-8b", ("--scale", "small", *(("--requests", "5") if SERIAL_BEFORE else ()))),
 }
 if SERIAL_BEFORE:
     GPU_PARTS["concurrency-high"] = concurrency("llama-1b", "32,64", engines=HIGH)
 SMALL = ("--scale", "small")
 CPU_PARTS = {
     "latency": [["--workload", "latency", *SMALL, "--presets", "tiny-llama",
-                 "--engines", f"{PREVIOUS},{ENGINE},hf-generate"]],
+                 "--engines", aa(f"{PREVIOUS},{ENGINE},hf-generate")]],
     "concurrency": [["--workload", "concurrency", *SMALL, "--concurrency", "1,8,32", "--presets", "tiny-llama",
-                     "--engines", f"{PREVIOUS},{ENGINE},hf-generate"]],
+                     "--engines", aa(f"{PREVIOUS},{ENGINE},hf-generate")]],
     "offline": offline("tiny-llama", SMALL),
 }
 

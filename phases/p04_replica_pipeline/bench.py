@@ -14,13 +14,13 @@ import sys
 
 import torch
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p04"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p03": the same engine, one device
 MODES = {"replica": f"{ENGINE} parallel=replica world_size=2", "pipeline": f"{ENGINE} parallel=pipeline world_size=2"}
-ALL = ",".join([PREVIOUS, *MODES.values()])
+ALL = aa(",".join([PREVIOUS, *MODES.values()]))          # the previous engine twice: the A/A control
 
 
 def compare(*run: str, engines: str = ALL) -> list[list[str]]:
@@ -34,14 +34,14 @@ GPU_PARTS = {
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b"),
     "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-8b"),
     "latency": compare("--workload", "latency", "--presets", "smollm2-135m-random,llama-1b",
-                       engines=f"{PREVIOUS},{MODES['pipeline']},hf-static"),
+                       engines=aa(f"{PREVIOUS},{MODES['pipeline']},hf-static")),
     "latency-8b": compare("--workload", "latency", "--presets", "llama-8b",
-                          engines=f"{PREVIOUS},{MODES['pipeline']},hf-static"),
+                          engines=aa(f"{PREVIOUS},{MODES['pipeline']},hf-static")),
 }
 SMALL = ("--scale", "small", "--presets", "tiny-llama")
 CPU_PARTS = {
     "offline": compare("--workload", "offline", *SMALL),
-    "latency": compare("--workload", "latency", *SMALL, engines=f"{PREVIOUS},{MODES['pipeline']}"),
+    "latency": compare("--workload", "latency", *SMALL, engines=aa(f"{PREVIOUS},{MODES['pipeline']}")),
 }
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import sys
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 from common.profile_pair import profile_part
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p05"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p04", on one device: no ranges at all
-ENGINES = f"{PREVIOUS},{ENGINE},{ENGINE} lean_step=0"
+ENGINES = aa(f"{PREVIOUS},{ENGINE},{ENGINE} lean_step=0")     # the previous engine twice: the A/A control
 
 
 def compare(*run: str, engines: str = ENGINES) -> list[list[str]]:
@@ -34,11 +34,16 @@ GPU_PARTS = {
     "latency-8b": compare("--workload", "latency", "--presets", "llama-8b", engines=f"{ENGINES},hf-static"),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-1b",
                            engines=f"{ENGINES},hf-generate"),
-    "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8,32,64", "--presets", "llama-8b",
+    # llama-8b: five engines (with the A/A twin) at four levels took about 450 s without the twin;
+    # 1 and 8 in flight, and 32 and 64, are two parts.
+    "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,8", "--presets", "llama-8b",
                               engines=f"{ENGINES},hf-generate"),
+    "concurrency-8b-high": compare("--workload", "concurrency", "--concurrency", "32,64", "--presets", "llama-8b",
+                                   engines=f"{ENGINES},hf-generate"),
     "offline": compare("--workload", "offline", "--presets", "llama-1b"),
-    # llama-8b's full set takes three engines three rounds past one 10-minute call: its first 128.
-    "offline-8b": compare("--workload", "offline", "--requests", "128", "--presets", "llama-8b"),
+    # llama-8b's full set takes four engines three rounds past one 10-minute call: its first 64
+    # (three engines on 128 took about 435 s of samples alone).
+    "offline-8b": compare("--workload", "offline", "--requests", "64", "--presets", "llama-8b"),
 }
 SMALL = ("--scale", "small", "--presets", "tiny-llama")
 CPU_PARTS = {

@@ -7,7 +7,8 @@ comparisons run at --scale small on tiny-llama, where only the torch backend exi
 The previous engine (attention over K/V gathered into a padded batch) against this one with
 each attention backend: flash-attn reads K/V in place through the block tables, torch is the
 exact reference that still gathers. At batch 1 and with 64 requests in flight (standard 512-token
-prompts, and in "concurrency-long" and "-8k" prompts that take the context to 4k and 8k); on a GPU the
+prompts, and in "concurrency-long" and "-8k" prompts that take the context to 4k and 8k, where the
+gathering backend is the baseline: reading in place against gathering, on the same step); on a GPU the
 "syncs" part counts a decode step's host-device synchronizations (CUDA's own sync debug mode),
 and "profile-pair" profiles p05's decode step and p06's in one process.
 """
@@ -17,7 +18,7 @@ import sys
 
 import torch
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 from common.device import device_name
 from common.engines import make_engine
 from common.profile_pair import profile_part
@@ -28,7 +29,12 @@ from common.sync_count import syncs_per_step
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p06"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p05"
-ENGINES = f"{PREVIOUS},{ENGINE} attention_backend=flash-attn,{ENGINE} attention_backend=torch"
+FLASH, TORCH = f"{ENGINE} attention_backend=flash-attn", f"{ENGINE} attention_backend=torch"
+ENGINES = aa(f"{PREVIOUS},{FLASH},{TORCH}")                 # the previous engine twice: the A/A control
+# What reading K/V in place buys, alone: both backends run p06's step (one input upload, no host
+# syncs), torch gathers K/V into a padded batch, flash-attn reads the pool through the block
+# tables. The gathering backend is the baseline here, built twice.
+IN_PLACE = aa(f"{TORCH},{FLASH},{PREVIOUS}")
 
 
 def compare(*run: str, engines: str = ENGINES) -> list[list[str]]:
@@ -42,13 +48,17 @@ GPU_PARTS = {
     "concurrency-8b": compare("--workload", "concurrency", "--concurrency", "1,64", "--presets", "llama-8b"),
 }
 # Long contexts, 64 in flight, decoding to 4k and 8k tokens (llama-1b's 8192 positions): the gather's
-# passes over K/V grow with the context. One part each: at 8k a round takes about two minutes.
-LONG_PROMPTS = {"concurrency-long": 3840, "concurrency-long-8k": 7936}
-for name, n in LONG_PROMPTS.items():
+# passes over K/V grow with the context, so these parts measure reading in place against gathering
+# (IN_PLACE; "concurrency-long" holds the phase's headline). One part each: at 8k a round of p05
+# and p06 torch takes about two minutes, so there the twin is flash-attn's (a round of seconds): a
+# twin of a gathering engine would not fit one 10-minute call.
+LONG_PROMPTS = {"concurrency-long": (3840, IN_PLACE),
+                "concurrency-long-8k": (7936, aa(f"{TORCH},{FLASH},{PREVIOUS}", base=FLASH))}
+for name, (n, engines) in LONG_PROMPTS.items():
     GPU_PARTS[name] = compare("--workload", "concurrency", "--concurrency", "64", "--prompt-len", str(n),
-                              "--presets", "llama-1b")
+                              "--presets", "llama-1b", engines=engines)
 SMALL = ("--scale", "small", "--presets", "tiny-llama")
-CPU_ENGINES = f"{PREVIOUS},{ENGINE} attention_backend=torch"
+CPU_ENGINES = aa(f"{PREVIOUS},{TORCH}")
 CPU_PARTS = {
     "latency": compare("--workload", "latency", *SMALL, engines=CPU_ENGINES),
     "concurrency": compare("--workload", "concurrency", "--concurrency", "1,8", *SMALL, engines=CPU_ENGINES),

@@ -4,22 +4,22 @@ Each part is one comparison run by common.bench: the engines are measured in one
 interleaved and repeated. On a GPU each part fits one 10-minute call. The kernel itself is checked
 and timed by `make phase-NN kernel` (kernel_bench.py), which is also the "kernel" part here.
 
-Our Triton paged decode kernel inside the engine, against the previous engine with
-FlashAttention 4 (the same reads, someone else's kernel) and this one with FlashAttention, at
-batch 1 and with 64 requests in flight. On a CPU only the kernel's check runs (in Triton's
+Our Triton paged decode kernel inside the engine against this same engine on FlashAttention 4
+(only the decode kernel differs: the baseline, built twice as the A/A control), and the previous
+engine on FlashAttention, at batch 1 and with 64 requests in flight. On a CPU only the kernel's check runs (in Triton's
 interpreter): an engine timed in the interpreter would measure the interpreter.
 """
 from __future__ import annotations
 
 import sys
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p07"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p06"
-ENGINES = (f"{PREVIOUS} attention_backend=flash-attn,{ENGINE} attention_backend=triton,"
-           f"{ENGINE} attention_backend=flash-attn")
+ENGINES = aa(f"{ENGINE} attention_backend=flash-attn,{ENGINE} attention_backend=triton,"
+             f"{PREVIOUS} attention_backend=flash-attn")
 
 
 def compare(*run: str, engines: str = ENGINES) -> list[list[str]]:

@@ -6,13 +6,15 @@ comparison runs at --scale small on tiny-llama.
 
 A KV pool deliberately too small for the offline set: the previous engine, which reserves every
 admitted request's worst case, against this one, which allocates as sequences grow and preempts
-by recompute or by swap when the pool runs out.
+by recompute or by swap when the pool runs out. The previous engine is the baseline, built twice
+(the A/A control); every record carries the preemptions of its samples (num_preemptions) and the
+requests decoding at a time on average (mean_in_flight).
 """
 from __future__ import annotations
 
 import sys
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p08"
@@ -21,7 +23,7 @@ PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p07"
 
 def small_pool(kv_bytes: int) -> str:
     pool = f"kv_cache_bytes={kv_bytes}"
-    return f"{PREVIOUS} {pool},{ENGINE} {pool} preemption=recompute,{ENGINE} {pool} preemption=swap"
+    return aa(f"{PREVIOUS} {pool},{ENGINE} {pool} preemption=recompute,{ENGINE} {pool} preemption=swap")
 
 
 GPU_PARTS = {   # llama-1b: 32 KiB of K/V per token in bf16, so 2 GiB holds 64k tokens (~60 worst cases)

@@ -6,17 +6,18 @@ comparison runs at --scale small on tiny-llama.
 
 The engine offline (generate() in this process) against the same engine behind its HTTP server
 (a server process, its engine process, requests streamed by common/serving_client.py), with 1 to
-64 requests in flight: what the HTTP layer costs, and how the server scales with its clients.
+64 requests in flight: what the HTTP layer costs, and how the server scales with its clients. The
+engine in process is the baseline, built twice (the A/A control).
 """
 from __future__ import annotations
 
 import sys
 
-from common.bench_set import run_parts
+from common.bench_set import aa, run_parts
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p09"
-ENGINES = f"{ENGINE},{ENGINE} server=http"
+ENGINES = aa(f"{ENGINE},{ENGINE} server=http")
 
 
 def serving(preset: str, levels: str, *scale: str) -> list[list[str]]:

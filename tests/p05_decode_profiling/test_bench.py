@@ -12,7 +12,7 @@ def test_parts_compare_the_previous_engine_with_this_one_in_one_run():
     for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
         for run in [run for part in parts.values() if not callable(part) for run in part]:
             engines = run[run.index("--engines") + 1].split(",")
-            assert engines[:3] == ["p04", "p05", "p05 lean_step=0"]
+            assert engines[:4] == ["p04", "p04#2", "p05", "p05 lean_step=0"]
             assert "--engine-options" not in run          # one device: no parallel mode
     assert all("--scale" in run and "tiny-llama" in run
                for part in bench.CPU_PARTS.values() if not callable(part) for run in part)

@@ -5,6 +5,7 @@ import json
 import statistics
 
 from common import stats
+from common.bench import twin_spec
 
 PHASE = "p06_paged_attention"
 bench = importlib.import_module(f"phases.{PHASE}.bench")
@@ -16,10 +17,16 @@ def engines(run):
 
 def test_parts_compare_the_previous_engine_with_each_backend_in_one_run():
     assert bench.ENGINE == "p06" and bench.PREVIOUS == "p05"
-    for part in [p for p in bench.GPU_PARTS.values() if not callable(p)]:
-        assert engines(part[0])[:3] == ["p05", "p06 attention_backend=flash-attn", "p06 attention_backend=torch"]
+    flash, torch_ = "p06 attention_backend=flash-attn", "p06 attention_backend=torch"
+    for name, part in [(n, p) for n, p in bench.GPU_PARTS.items() if not callable(p)]:
+        if name.startswith("concurrency-long"):       # reading in place vs gathering: a backend is the baseline
+            assert sorted(engines(part[0])) == sorted(["p05", flash, torch_, engines(part[0])[1]])
+            assert engines(part[0])[1] == twin_spec(engines(part[0])[0])
+        else:
+            assert engines(part[0])[:4] == ["p05", "p05#2", flash, torch_]
+    assert engines(bench.GPU_PARTS["concurrency-long"][0])[:2] == [torch_, "p06#2 attention_backend=torch"]
     for part in [p for p in bench.CPU_PARTS.values() if not callable(p)]:
-        assert engines(part[0]) == ["p05", "p06 attention_backend=torch"] and "tiny-llama" in part[0]
+        assert engines(part[0]) == ["p05", "p05#2", torch_] and "tiny-llama" in part[0]
 
 
 def test_long_context_part_runs_64_in_flight_at_4k_and_8k():

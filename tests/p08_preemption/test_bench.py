@@ -12,5 +12,5 @@ def test_parts_compare_reservation_with_both_preemption_modes_on_one_small_pool(
         engines = run[run.index("--engines") + 1].split(",")
         pools = {spec.split()[1] for spec in engines}
         assert len(pools) == 1 and next(iter(pools)).startswith("kv_cache_bytes=")
-        assert [e.split()[0] for e in engines] == ["p07", "p08", "p08"]
-        assert {e.split()[-1] for e in engines[1:]} == {"preemption=recompute", "preemption=swap"}
+        assert [e.split()[0] for e in engines] == ["p07", "p07#2", "p08", "p08"]
+        assert {e.split()[-1] for e in engines[2:]} == {"preemption=recompute", "preemption=swap"}

@@ -10,18 +10,32 @@ PHASE = "p10_review"
 bench = importlib.import_module(f"phases.{PHASE}.bench")
 
 
+def engines_of(run: list[str]) -> list[str]:
+    return run[run.index("--engines") + 1].split(",")
+
+
 def test_parts_run_every_phase_through_one_workload():
-    """The latency ladder: p01 to this phase and an HF peer; the concurrency ladder: the phases
-    that batch (p02 on). Plain specs, each phase with its defaults, one comparison per part."""
+    """The latency ladder: p01 to this phase and an HF peer (on a GPU in two halves that share
+    p05); the concurrency ladder: the phases that batch (p02 on). Each phase with its defaults,
+    p07 on its own kernel on a GPU; one comparison per part, with the previous phase's twin."""
     phases = [f"p{n:02d}" for n in range(1, 11)]
-    for parts, peer in ((bench.GPU_PARTS, "hf-static"), (bench.CPU_PARTS, "hf-generate")):
-        assert set(parts) == {"ladder-latency", "ladder-concurrency"}
-        for name, runs in parts.items():
-            [run] = runs
-            workload = run[run.index("--workload") + 1]
-            engines = run[run.index("--engines") + 1].split(",")
-            assert workload == name.removeprefix("ladder-")
-            assert engines == ([*phases, peer] if workload == "latency" else phases[1:])
+    gpu = [{"p07": "p07 attention_backend=triton"}.get(p, p) for p in phases]
+    [a], [b] = bench.GPU_PARTS["ladder-latency-a"], bench.GPU_PARTS["ladder-latency-b"]
+    assert sorted(engines_of(a)) == sorted(["p01#2", *gpu[:5], "hf-static"])
+    assert sorted(engines_of(b)) == sorted(["p09#2", *gpu[4:], "hf-static"])
+    [conc] = bench.GPU_PARTS["ladder-concurrency"]
+    assert sorted(engines_of(conc)) == sorted(["p09#2", *gpu[1:]])
+    [cpu_lat], [cpu_conc] = bench.CPU_PARTS["ladder-latency"], bench.CPU_PARTS["ladder-concurrency"]
+    assert sorted(engines_of(cpu_lat)) == sorted(["p09#2", *phases, "hf-generate"])
+    assert sorted(engines_of(cpu_conc)) == sorted(["p09#2", *phases[1:]])
+    assert {run[run.index("--file") + 1] for run in (a, b)} == {"ladder-latency-a", "ladder-latency-b"}
+
+
+def test_aa_noise_part_measures_p10_against_itself_with_and_without_noise_control():
+    off, on = bench.GPU_PARTS["aa-noise"]
+    for run, mode in ((off, "off"), (on, "on")):
+        assert engines_of(run) == ["p10", "p10#2"] and run[run.index("--noise-control") + 1] == mode
+        assert run[run.index("--concurrency") + 1] == "64" and "llama-1b" in run and "aa-noise" in run
 
 
 def test_cpu_ladder_is_one_run_the_report_can_read(tmp_path):
@@ -30,10 +44,12 @@ def test_cpu_ladder_is_one_run_the_report_can_read(tmp_path):
     out = tmp_path / "concurrency.json"
     bench.main(["--part", "ladder-concurrency", "--out", str(out), "--concurrency", "2", "--repeats", "1"])
     records = [r | {"file": "x.json"} for r in json.loads(out.read_text())]
-    assert [r["engine"] for r in records] == [f"p{n:02d}" for n in range(2, 11)]
+    assert sorted(r["engine"] for r in records) == sorted(["p09#2", *[f"p{n:02d}" for n in range(2, 11)]])
     assert len({r["run_id"] for r in records}) == 1 and {r["phase"] for r in records} == {PHASE}
     assert all(r["metrics"]["output_tok_s"] > 0 for r in records)
-    for prev, cur in zip(records, records[1:]):
+    assert all(r["aa"]["engine"] == "p09" for r in records)
+    ladder_order = sorted((r for r in records if "#" not in r["engine"]), key=lambda r: r["engine"])
+    for prev, cur in zip(ladder_order, ladder_order[1:]):
         assert report.same_run(records, cur, prev["engine"]) is prev
         assert report.paired_ratio(cur, prev, "output_tok_s")["pairs"] == 1
     table = report.before_after(records, PHASE, "cpu", "concurrency")
