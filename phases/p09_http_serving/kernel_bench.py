@@ -7,7 +7,11 @@
 2. Time (GPU only): contexts 128 to 32k x batch 1 to 256 on the llama-1b attention shape
    (32 query heads, 8 KV heads, head dim 64), pages of 16: our kernel, FlashAttention 4 paged
    (when installed) and the torch reference (gather + SDPA) on the same inputs, as GB/s of K/V
-   read against the copy bandwidth measured in the same run.
+   read against the copy bandwidth measured in the same run; and FlashAttention 4 at pages of 128
+   too, its fast path (pages of 16 take its slower one). Each call is timed inside a CUDA graph,
+   replayed (triton.testing.do_bench_cudagraph): a small shape's kernel takes microseconds, less
+   than launching it from Python, and a launch-bound timing would measure the host, not the kernel.
+   A call that cannot be captured is timed by launches, and its record says so ("timer").
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ CHECKS = [(3, 4, 2, 16, 4, [15, 1, 9]), (2, 9, 3, 64, 5, [33, 70]), (2, 8, 8, 32
           (4, 32, 8, 64, 16, [1, 17, 100, 255]), (2, 32, 8, 128, 16, [129, 40])]
 CONTEXTS, BATCHES = (128, 512, 1024, 4096, 16384, 32768), (1, 8, 64, 256)
 H, KV, D, PAGE = 32, 8, 64, 16
+LARGE_PAGE = 128                    # FlashAttention 4's fast path: timed beside PAGE for it alone
 TORCH_MAX_BYTES = 8 << 30           # the reference copies K/V twice over: skip it on larger inputs
 
 
@@ -81,9 +86,16 @@ def check(device: str, dtype: torch.dtype) -> list[dict]:
     return results
 
 
-def timed_us(fn) -> float:
+def timed_us(fn) -> tuple[float, str]:
+    """(median microseconds per call, the timer): CUDA-graph replay of many calls where fn can be
+    captured, else launches from Python (triton.testing.do_bench)."""
     import triton.testing
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    try:
+        return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"), "cudagraph"
+    except RuntimeError as e:       # not capturable (a host sync inside, say): time the launches
+        print(f"[kernel] no CUDA graph ({str(e).splitlines()[0][:80]}): timing launches", flush=True)
+        torch.cuda.synchronize()
+        return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), "launch"
 
 
 def implementations(case) -> dict:
@@ -112,21 +124,33 @@ def torch_reference(q, k_pages, v_pages, table, lens):
 
 
 def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
+    """Every (context, batch) at pages of PAGE (every implementation) and LARGE_PAGE (FlashAttention 4)."""
     results = []
     for context in CONTEXTS:
         for B in BATCHES:
-            case = random_case(B, H, KV, D, PAGE, [context] * B, device, torch.bfloat16)
-            kv_bytes = 2 * B * context * KV * D * 2                      # K and V, bf16, read once
-            for name, fn in implementations(case).items():
-                us = timed_us(fn)
-                gb_s = kv_bytes / (us * 1e-6) / 1e9
-                results.append({"engine": name, "setting": {"batch": B, "context": context, "page": PAGE,
-                                                            "heads": H, "kv_heads": KV, "head_dim": D},
-                                "metrics": {"us": us, "kv_gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s}})
-                print(f"[kernel] {name:<10} B={B:<4} context={context:<6} {us:9.1f} us  {gb_s:7.0f} GB/s of K/V "
-                      f"({100 * results[-1]['metrics']['copy_frac']:.0f}% of copy)", flush=True)
-            del case
-            torch.cuda.empty_cache()
+            for page, only in ((PAGE, None), (LARGE_PAGE, "flash-attn")):
+                results += time_case(device, B, context, page, only, copy_bytes_per_s)
+    return results
+
+
+def time_case(device: str, B: int, context: int, page: int, only: str | None, copy_bytes_per_s: float) -> list[dict]:
+    """One input (B sequences of `context` tokens in pages of `page`), each implementation (or `only`)."""
+    case = random_case(B, H, KV, D, page, [context] * B, device, torch.bfloat16)
+    kv_bytes = 2 * B * context * KV * D * 2                      # K and V, bf16, read once
+    results = []
+    for name, fn in implementations(case).items():
+        if only and name != only:
+            continue
+        us, timer = timed_us(fn)
+        gb_s = kv_bytes / (us * 1e-6) / 1e9
+        results.append({"engine": name, "setting": {"batch": B, "context": context, "page": page,
+                                                    "heads": H, "kv_heads": KV, "head_dim": D},
+                        "metrics": {"us": us, "kv_gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s},
+                        "timer": timer})
+        print(f"[kernel] {name:<10} B={B:<4} context={context:<6} page={page:<4} {us:9.1f} us  {gb_s:7.0f} GB/s "
+              f"of K/V ({100 * results[-1]['metrics']['copy_frac']:.0f}% of copy, {timer})", flush=True)
+    del case
+    torch.cuda.empty_cache()
     return results
 
 
