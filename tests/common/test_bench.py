@@ -306,3 +306,21 @@ def test_quiet_gc_freezes_and_restores():
     assert gc.isenabled() and gc.get_freeze_count() == 0
     with bench.quiet_gc(False):
         assert gc.isenabled()
+
+
+def test_throughput_sample_counts_the_preemptions_of_its_own_run():
+    """An engine whose scheduler counts preemptions (phase 08 on): the sample holds the count of
+    its own run, not the running total; an engine without the counter gets no such field."""
+    class Scheduler:
+        num_preemptions = 5
+
+    class Engine:
+        scheduler = Scheduler()
+
+        def generate(self, prompts, params):
+            self.scheduler.num_preemptions += 3
+            return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.1, "itl": [], "token_times": [0.0, 1.0]})()
+                    for p in params]
+    work = workloads.concurrency(2, "small")
+    assert measure.throughput_sample(Engine(), work, "cpu")["num_preemptions"] == 3
+    assert measure.preemptions(object()) is None
