@@ -42,6 +42,7 @@ class LLM:
         self.runner = ModelRunner(self.model, self.cache, self.device)
         self.generators: dict[int, torch.Generator | None] = {}   # seq_id -> its private RNG
         self._seq_ids = itertools.count()
+        self._last_call: list[Sequence] = []     # generate()'s requests, kept until its next call
         torch.manual_seed(self.config.seed)
 
     def _build_model(self) -> Model:
@@ -86,23 +87,23 @@ class LLM:
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
         """prompts: a str, a list of token ids, or a list of either. Outputs keep their order."""
+        self._abort(self._last_call)    # what a clean-up cut short (a second Ctrl-C) left behind
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine; step() the requests added with "
                                "add_request() to completion first")
         now = time.perf_counter()   # offline: every request arrives now
         seqs = [Sequence(next(self._seq_ids), ids, p, now) for ids, p in self._prepare(prompts, sampling_params)]
-        for seq in seqs:
-            self.scheduler.check_fits(seq)      # every request is checked before any work starts
+        for i, seq in enumerate(seqs):          # every request is checked before any work starts
+            self.scheduler.check_fits(seq, f"request {i}")
+        self._last_call = seqs
         try:
             ids, outputs = [self._add(seq) for seq in seqs], {}
             with tqdm(total=len(seqs), disable=not use_tqdm, desc="requests") as bar:
                 while self.has_unfinished():
-                    finished = self.step()
-                    outputs.update(finished)
+                    outputs.update(finished := self.step())
                     bar.update(len(finished))
-        except BaseException:   # an error or Ctrl-C mid-call: without this, the requests would hold
-            self._abort(seqs)   # their blocks and keep the engine busy for every later call
-            raise
+        finally:                # done, failed or Ctrl-C: no request of the call may stay, holding
+            self._abort(seqs)   # blocks and keeping the engine busy for every later call
         return [outputs[i] for i in ids]
 
     def _prepare(self, prompts, sampling_params):

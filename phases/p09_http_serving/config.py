@@ -53,6 +53,9 @@ class EngineConfig:
         self._check_parallel()
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.parallel == "pipeline" and self.preemption == "swap":    # refused here, before any worker
+            raise ValueError("the pipeline preempts by recompute only (the tail holds half of every "
+                             "sequence's K/V): use preemption='recompute'")
         self.attention_backend = resolve_backend(self.attention_backend, self.device)
 
     def _check_parallel(self) -> None:

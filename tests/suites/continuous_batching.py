@@ -95,8 +95,11 @@ def test_never_fits_is_a_clear_error_before_any_work(make):
     llm = make(block_size=16, cpu_kv_cache_bytes=8 * 16 * KV_BYTES_PER_TOKEN, max_num_seqs=4,
                max_num_batched_tokens=100)
     ok = greedy(4)
-    with pytest.raises(ValueError, match=r"\(140 tokens\) needs 9 KV blocks but the whole pool has 8"):
+    with pytest.raises(ValueError, match=r"^request 1: prompt \+ max_tokens \(140 tokens\) needs 9 KV blocks "
+                                         r"but the whole pool has 8"):    # which request, and why
         llm.generate([[1, 2, 3], list(range(1, 121))], [ok, greedy(20)])
+    with pytest.raises(ValueError, match=r"^request 2: its prompt \(101 tokens\) exceeds max_num_batched_tokens"):
+        llm.generate([[1, 2, 3], [4, 5], list(range(1, 102))], ok)
     with pytest.raises(ValueError, match=r"prompt \(101 tokens\) exceeds max_num_batched_tokens \(100\)"):
         llm.add_request(list(range(1, 102)), ok)
     check_idle(llm)                              # the good request was not queued either

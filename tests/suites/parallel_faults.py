@@ -6,6 +6,7 @@ LLM(parallel=...) points at ParallelLLM instead of quietly becoming it.
 The tests marked worker_code run in a phase only where its worker.py or worker_pool.py changed
 (tests/conftest.py): in the others the processes run the same code byte for byte."""
 import importlib
+import inspect
 import multiprocessing
 import os
 import signal
@@ -169,6 +170,32 @@ def test_LLM_points_at_ParallelLLM_and_starts_no_process(LLM, ParallelLLM):  # n
     with pytest.raises(ValueError, match="ParallelLLM needs parallel='replica' or 'pipeline'"):
         ParallelLLM("tiny-llama", **OPTIONS)
     assert set(multiprocessing.active_children()) == before
+
+
+def test_pipeline_with_swap_is_refused_before_any_worker_starts(LLM, ParallelLLM):  # noqa: N803
+    """The tail holds half of every sequence's K/V, so the pipeline preempts by recompute only:
+    said at construction, not after the workers' start-up inside a worker's traceback."""
+    if "preemption" not in inspect.signature(importlib.import_module(LLM.__module__).EngineConfig).parameters:
+        pytest.skip("no preemption in this phase")
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="the pipeline preempts by recompute only"):
+        ParallelLLM("tiny-llama", **OPTIONS, **MODES["pipeline"], preemption="swap")
+    assert set(multiprocessing.active_children()) == before
+
+
+def test_priorities_reach_the_workers(LLM, parallel_llm):  # noqa: N803
+    """One seat per scheduler: requests 0 and 2 share a replica (or the pipeline head's group),
+    and so do 1 and 3; priorities put the later ones first, as LLM.generate's do."""
+    if "priorities" not in inspect.signature(LLM.generate).parameters:
+        pytest.skip("no priorities in this phase")
+    prompts, params = [[11 + i] * 8 for i in range(4)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = parallel_llm.generate(prompts, params, priorities=[1, 1, 0, 0])
+    assert outs[2].token_times[0] < outs[0].token_times[0] and outs[3].token_times[0] < outs[1].token_times[0]
+    plain = parallel_llm.generate(prompts, params)
+    assert plain[0].token_times[0] < plain[2].token_times[0]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    with pytest.raises(ValueError, match="3 priorities for 4 prompts"):
+        parallel_llm.generate(prompts, params, priorities=[0, 0, 0])
 
 
 def test_the_bench_builds_ParallelLLM_for_a_parallel_mode(phase, monkeypatch):  # noqa: N802

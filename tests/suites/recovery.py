@@ -76,6 +76,28 @@ def test_failed_sampler_leaves_engine_usable(llm, expected, monkeypatch, error):
     assert _tokens(llm) == expected
 
 
+def test_second_ctrl_c_in_the_clean_up_leaves_engine_usable(llm, expected, monkeypatch):
+    """Ctrl-C twice: the first stops a step, the second lands in generate()'s own clean-up, after
+    it dropped one request and before the others. The next generate() finishes that clean-up
+    instead of refusing ("needs an idle engine") a user who never called add_request()."""
+    if not hasattr(llm, "scheduler"):
+        pytest.skip("the serial engine builds its KV cache per request: it has nothing to clean up")
+    with monkeypatch.context() as patch:
+        real_forward = llm.model.forward
+
+        def first_ctrl_c(*args, **kwargs):      # the decode step: arm the second, then raise
+            if llm.scheduler.running and llm.scheduler.running[0].output_ids:
+                _fail_once(patch, llm.scheduler, "abort", KeyboardInterrupt(), after_calls=1)
+                raise KeyboardInterrupt
+            return real_forward(*args, **kwargs)
+        patch.setattr(llm.model, "forward", first_ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(PROMPTS, [GREEDY, SEEDED, GREEDY])
+    assert llm.has_unfinished()                  # the cut-short clean-up left requests behind
+    assert _tokens(llm) == expected
+    _assert_idle(llm)
+
+
 def test_after_failure_matches_fresh_engine(LLM, llm, monkeypatch):
     """The engine that recovered answers like one that never failed."""
     with monkeypatch.context() as patch:
