@@ -1,5 +1,6 @@
-"""Shared test set-up: repo root on sys.path, GPU auto-skip, worker-process tests run once per
-worker code, and the session-wide HF reference.
+"""Shared test set-up: repo root on sys.path, the lineage-aware selection of `make test`
+(tests/selection.py: a suite in full where its files changed, its smoke subset elsewhere), GPU
+auto-skip, and the session-wide HF reference.
 
 Every phase's suite (tests/pNN_topic/) uses the same fixtures, so the HuggingFace greedy ids are
 computed once per session per preset (see tests/reference.py) and every engine is held to them.
@@ -17,33 +18,25 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests import reference  # noqa: E402  (needs the repo root on sys.path)
+from tests import reference, selection  # noqa: E402  (needs the repo root on sys.path)
 
 
-WORKER_CODE = ("worker.py", "worker_pool.py")
-
-
-def worker_code_changed(phase: str) -> bool:
-    """Whether a phase's worker processes run other code than the phase before's: its first
-    phase, or worker.py / worker_pool.py differ from the previous phase folder's."""
-    folders = sorted(p.name for p in (ROOT / "phases").iterdir() if p.name[:1] == "p" and p.is_dir())
-    before = folders[folders.index(phase) - 1] if folders.index(phase) else None
-    return before is None or any(
-        not (ROOT / "phases" / before / name).exists()
-        or (ROOT / "phases" / before / name).read_bytes() != (ROOT / "phases" / phase / name).read_bytes()
-        for name in WORKER_CODE)
+def pytest_addoption(parser):
+    parser.addoption(selection.OPTION, action="store_true",
+                     help=f"every test in every phase (make test-all; or {selection.ENV}=1), not the lineage-aware "
+                          "selection of tests/selection.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip @pytest.mark.gpu tests on machines without CUDA (every other test runs on CPU), and
-    deselect @pytest.mark.worker_code tests in a phase whose worker code is the phase before's
-    byte for byte: they exercise processes (spawn, a killed parent, a dead worker), cost seconds
-    each, and would test the same code again."""
-    repeated = [item for item in items if "worker_code" in item.keywords
-                and not worker_code_changed(item.module.PHASE)]
-    if repeated:
-        config.hook.pytest_deselected(items=repeated)
-        items[:] = [item for item in items if item not in repeated]
+    """Deselect what tests/selection.py says `make test` need not run again: a shared suite runs in
+    full only in phases whose copy of its files changed (elsewhere its smoke subset), and a
+    @pytest.mark.worker_code test only where worker.py / worker_pool.py changed. Then skip
+    @pytest.mark.gpu tests on machines without CUDA (every other test runs on CPU)."""
+    if not selection.run_all(config):
+        keep = [selection.selected(item) for item in items]
+        if not all(keep):
+            config.hook.pytest_deselected(items=[item for item, k in zip(items, keep) if not k])
+            items[:] = [item for item, k in zip(items, keep) if k]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

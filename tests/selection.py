@@ -1,0 +1,163 @@
+"""Which tests `make test` runs: each shared suite in full only where its code changed.
+
+A suite in tests/suites/ is written once and imported by tests/pNN_topic/test_*.py in many phases,
+and most of those phases carry the suite's code byte for byte from the phase before
+(tests/test_lineage.py proves which files are identical). Running every test again there checks
+the same code again. So each suite declares here, in one place, the phase files whose code its
+tests check (paths relative to the phase folder; ALL means every file of the phase), and a smoke
+subset that still drives the phase's own engine end to end:
+
+- full: in the first phase that runs the suite, and in every phase where one of its files differs
+  from (or is missing in) the nearest earlier phase that runs the suite;
+- smoke: everywhere else, only the tests named in `smoke` (test function names; all their
+  parametrizations run).
+
+A suite not declared here runs in full in every phase (so a new suite is safe until declared), and
+so does every test that a phase's own file defines (only functions defined in tests/suites/ are
+selected). A marker can name files too (MARKED): a test carrying it runs only in phases whose copy
+of those files differs from the previous phase's, whatever suite it belongs to.
+
+`make test-all` (pytest --all-phases, or MINI_INFER_TEST_ALL=1) runs every test in every phase.
+Declaring a new suite is one line in SUITES, e.g.
+
+    "chunked_prefill": Suite(("scheduler.py", "model_runner.py"), smoke=("test_long_prompt_matches_reference",)),
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = ("*",)                                    # every file of the phase folder
+ENV = "MINI_INFER_TEST_ALL"                     # set (not "" or "0"): every test in every phase
+OPTION = "--all-phases"
+NOT_CODE = {"README.md", "CHANGES"}             # what ALL leaves out (tests/test_lineage.py's NOT_ENGINE)
+
+
+@dataclass(frozen=True)
+class Suite:
+    files: tuple[str, ...]      # the phase files whose code the suite's tests check
+    smoke: tuple[str, ...]      # the tests that run where those files are unchanged
+
+
+# The files a suite's tests check, not every file its engine passes through: the smoke subsets
+# drive the whole engine anyway, and the correctness suite (ALL) holds every phase to HF's
+# greedy tokens on the real model. Names in `smoke` are checked by tests/test_selection.py.
+SUITES: dict[str, Suite] = {
+    # every phase: greedy exact match against HF on the real model, in full
+    "correctness": Suite(ALL, smoke=()),
+    # the checks are common/requests.py's; the phase's part is calling them before any work
+    "bad_input": Suite(("engine.py", "config.py"),
+                       smoke=("test_prompt_plus_max_tokens_over_context", "test_bad_request_in_batch_does_no_work")),
+    "sampling": Suite(("sampler.py", "sequence.py", "engine.py"),
+                      smoke=("test_seeded_request_ignores_batch_neighbours", "test_stop_string")),
+    "recovery": Suite(("engine.py", "scheduler.py", "block_manager.py", "sequence.py"),
+                      smoke=("test_after_failure_matches_fresh_engine",)),
+    "continuous_batching": Suite(("engine.py", "scheduler.py", "block_manager.py", "sequence.py", "kv_cache.py",
+                                  "model_runner.py", "config.py"),
+                                 smoke=("test_staggered_arrivals_match_reference",)),
+    "cli": Suite(("__main__.py",), smoke=("test_cli_generates_and_reports",)),
+    "broken_checkpoint": Suite(("__main__.py", "engine.py", "model.py", "config.py"),
+                               smoke=("test_good_directory_matches_preset", "test_truncated_safetensors")),
+    "profile": Suite(("profiler.py", "__main__.py"), smoke=("test_summary_has_every_stage_and_sane_numbers",)),
+    "vectorized_gather": Suite(("kv_cache.py", "model_runner.py", "attention.py"),
+                               smoke=("test_gather_equals_a_per_sequence_reference",)),
+    # its one test is the smoke: every phase from p05 on starts its own replicas once
+    "replicas": Suite(("router.py", "worker.py", "worker_pool.py"), smoke=("test_replicas_give_the_in_process_tokens",)),
+    # the smoke starts no process: the replicas suite above drives the phase's workers end to end
+    "parallel_faults": Suite(("router.py", "worker.py", "worker_pool.py", "pipeline.py"),
+                             smoke=("test_LLM_points_at_ParallelLLM_and_starts_no_process",
+                                    "test_the_bench_builds_ParallelLLM_for_a_parallel_mode")),
+    "server": Suite(("server.py", "async_engine.py", "engine_loop.py", "openai_protocol.py", "metrics.py", "serve.py",
+                     "worker.py"),
+                    smoke=("test_completion_equals_offline_engine", "test_streamed_completion_equals_whole_one",
+                           "test_hundred_aborted_streams_free_the_pool_and_leave_no_state")),
+    "served": Suite(("served.py", "serve.py", "server.py", "async_engine.py", "engine_loop.py", "worker.py",
+                     "worker_pool.py"),
+                    smoke=("test_served_engine_gives_the_offline_tokens",)),
+}
+
+# A test with one of these markers runs only where these files changed from the previous phase.
+MARKED: dict[str, tuple[str, ...]] = {
+    "worker_code": ("worker.py", "worker_pool.py"),    # processes spawned, killed, left to die
+}
+
+SUITE_IMPORT = re.compile(r"^from tests\.suites\.(\w+) import", re.M)
+
+
+def run_all(config=None) -> bool:
+    """Whether every test runs in every phase: --all-phases, or MINI_INFER_TEST_ALL set."""
+    if config is not None and config.getoption(OPTION, default=False):
+        return True
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+@cache
+def phases(root: Path = ROOT) -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in (root / "phases").iterdir() if p.is_dir() and re.fullmatch(r"p\d\d_\w+", p.name)))
+
+
+@cache
+def phases_running(suite: str, root: Path = ROOT) -> tuple[str, ...]:
+    """The phases whose test folder imports tests/suites/<suite>.py."""
+    return tuple(phase for phase in phases(root) if (root / "tests" / phase).is_dir() and any(
+        suite in SUITE_IMPORT.findall(f.read_text()) for f in sorted((root / "tests" / phase).glob("test_*.py"))))
+
+
+def _files(phase_dir: Path, files: tuple[str, ...]) -> dict[str, bytes | None]:
+    if files == ALL:
+        found = [f for f in sorted(phase_dir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts
+                 and f.name not in NOT_CODE]
+        return {str(f.relative_to(phase_dir)): f.read_bytes() for f in found}
+    return {name: (phase_dir / name).read_bytes() if (phase_dir / name).is_file() else None for name in files}
+
+
+def differ(files: tuple[str, ...], phase: str, before: str | None, root: Path = ROOT) -> bool:
+    """Whether any of `files` differs between two phase folders (None: there is no phase before)."""
+    if before is None:
+        return True
+    return _files(root / "phases" / phase, files) != _files(root / "phases" / before, files)
+
+
+@cache
+def runs_in_full(suite: str, phase: str, root: Path = ROOT) -> bool:
+    """True where the suite runs in full: undeclared suites, the suite's first phase, and phases
+    whose copy of a declared file differs from the nearest earlier phase that runs the suite."""
+    if suite not in SUITES:
+        return True
+    running = phases_running(suite, root)
+    earlier = [p for p in running if p < phase]
+    return differ(SUITES[suite].files, phase, earlier[-1] if earlier else None, root)
+
+
+@cache
+def marked_files_changed(marker: str, phase: str, root: Path = ROOT) -> bool:
+    """Whether a phase's copy of the files MARKED[marker] names differs from the previous phase's."""
+    names = phases(root)
+    if phase not in names:
+        return True
+    index = names.index(phase)
+    return differ(MARKED[marker], phase, names[index - 1] if index else None, root)
+
+
+def suite_of(item) -> str | None:
+    """The shared suite a collected test comes from (tests/suites/<name>.py), or None."""
+    module = getattr(getattr(item, "function", None), "__module__", "") or ""
+    return module.rsplit(".", 1)[1] if module.startswith("tests.suites.") else None
+
+
+def selected(item, root: Path = ROOT) -> bool:
+    """Whether `make test` runs this collected test (see the module docstring)."""
+    phase = getattr(getattr(item, "module", None), "PHASE", None)
+    if phase is None:
+        return True
+    for marker in MARKED:
+        if item.get_closest_marker(marker) is not None and not marked_files_changed(marker, phase, root):
+            return False
+    suite = suite_of(item)
+    if suite is None or runs_in_full(suite, phase, root):
+        return True
+    return item.originalname in SUITES[suite].smoke

@@ -1,0 +1,107 @@
+"""The lineage-aware selection of `make test` (tests/selection.py): declarations that name real
+suites, tests and files, and the rule itself on a temporary copy of a phase pair, where changing a
+declared file selects the whole suite for that phase."""
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests import selection
+from tests.selection import ROOT, SUITES
+
+
+def clear_caches():
+    for f in (selection.phases, selection.phases_running, selection.runs_in_full, selection.marked_files_changed):
+        f.cache_clear()
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_a_declaration_names_a_suite_its_tests_and_its_files(suite):
+    module = importlib.import_module(f"tests.suites.{suite}")
+    for name in SUITES[suite].smoke:
+        assert callable(getattr(module, name, None)) and name.startswith("test_"), \
+            f"tests/selection.py: {suite} has no test {name} for its smoke subset"
+    running = selection.phases_running(suite)
+    assert running, f"tests/selection.py declares {suite}, but no phase's tests import it"
+    if SUITES[suite].files != selection.ALL:
+        for f in SUITES[suite].files:     # a typo would make a file that never changes
+            assert any((ROOT / "phases" / phase / f).is_file() for phase in running), \
+                f"tests/selection.py: {suite} names {f}, which no phase that runs it has"
+
+
+def test_every_phase_keeps_its_greedy_match_against_hf():
+    running = selection.phases_running("correctness")
+    assert running == selection.phases()
+    assert all(selection.runs_in_full("correctness", phase) for phase in running)
+
+
+def fake_item(phase: str, suite: str | None, name: str, markers=()):
+    """What selection.selected reads from a collected pytest item."""
+    return SimpleNamespace(module=SimpleNamespace(PHASE=phase), originalname=name,
+                           function=SimpleNamespace(__module__=f"tests.suites.{suite}" if suite else f"tests.{phase}.x"),
+                           get_closest_marker=lambda m: m if m in markers else None)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """A temporary root holding two adjacent phases (p08 -> p09), each with a test file that runs
+    the cli suite; the second's __main__.py and worker files are the first's, byte for byte."""
+    clear_caches()
+    names = ("p08_preemption", "p09_http_serving")
+    for name in names:
+        shutil.copytree(ROOT / "phases" / name, tmp_path / "phases" / name, ignore=shutil.ignore_patterns("__pycache__"))
+        (tmp_path / "tests" / name).mkdir(parents=True)
+        (tmp_path / "tests" / name / "test_cli.py").write_text(
+            f'from tests.suites.cli import *  # noqa\n\nPHASE = "{name}"\n')
+    for f in ("__main__.py", *selection.MARKED["worker_code"]):
+        shutil.copy(tmp_path / "phases" / names[0] / f, tmp_path / "phases" / names[1] / f)
+    yield tmp_path, names
+    clear_caches()
+
+
+def selected_names(root: Path, phase: str, suite: str) -> set[str]:
+    module = importlib.import_module(f"tests.suites.{suite}")
+    tests = [name for name in dir(module) if name.startswith("test_")]
+    return {name for name in tests if selection.selected(fake_item(phase, suite, name), root)}
+
+
+def test_changing_a_declared_file_selects_the_whole_suite(pair):
+    root, (first, second) = pair
+    whole = selected_names(root, first, "cli")
+    assert len(whole) > len(SUITES["cli"].smoke)                       # the suite's first phase: in full
+    assert selected_names(root, second, "cli") == set(SUITES["cli"].smoke)    # unchanged: smoke only
+    with open(root / "phases" / second / "__main__.py", "a") as f:
+        f.write("# changed\n")
+    clear_caches()
+    assert selected_names(root, second, "cli") == whole
+    assert selected_names(root, first, "cli") == whole
+
+
+def test_an_undeclared_suite_and_a_phases_own_tests_run_in_full(pair):
+    root, (first, second) = pair
+    assert selection.selected(fake_item(second, "no_such_suite_yet", "test_anything"), root)
+    assert selection.selected(fake_item(second, None, "test_phase_specific"), root)
+
+
+def test_a_file_marker_follows_its_files(pair):
+    root, (first, second) = pair
+    item = fake_item(second, None, "test_spawns_workers", markers=("worker_code",))
+    assert not selection.selected(item, root)
+    with open(root / "phases" / second / "worker_pool.py", "a") as f:
+        f.write("# changed\n")
+    clear_caches()
+    assert selection.selected(item, root)
+
+
+def test_all_phases_runs_everything(monkeypatch):
+    monkeypatch.delenv(selection.ENV, raising=False)
+    assert not selection.run_all()
+    monkeypatch.setenv(selection.ENV, "1")
+    assert selection.run_all()
+    monkeypatch.setenv(selection.ENV, "0")
+    assert not selection.run_all(SimpleNamespace(getoption=lambda name, default=None: False))
+    assert selection.run_all(SimpleNamespace(getoption=lambda name, default=None: name == selection.OPTION))
