@@ -3,8 +3,6 @@ file (and the tensor), never loads garbage: the shape check in common/weights.py
 check in common/loader.py, and the CLI that turns either into one line and a nonzero exit."""
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,6 @@ from safetensors.torch import load_file, save_file
 from common.loader import resolve
 from common.sampling import SamplingParams
 from common.weights import ours_to_hf, random_weights
-from tests.conftest import ROOT
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 PROMPT = [5, 6, 7, 8]
@@ -103,11 +100,14 @@ def test_bad_config(LLM, broken, text, message):
 
 
 @pytest.mark.parametrize("damage", [dict(truncate=100_000), dict(config_text="{not json")])
-def test_cli_prints_one_line(phase, broken, damage):
-    """python -m phases.<phase> --model DIR: one line on stderr naming the file, exit status 1."""
+def test_cli_prints_one_line(cli, broken, damage, capfd):
+    """python -m phases.<phase> --model DIR: one line naming the file, exit status 1. In process,
+    through the CLI's main(argv): SystemExit with a one-line message is that line on stderr and
+    exit status 1; a real process's stderr and exit status are checked once per CLI change by
+    tests/suites/cli.py (test_cli_error_in_a_real_process_is_one_line_and_status_1)."""
     folder = broken(**damage)
-    run = subprocess.run([sys.executable, "-m", f"phases.{phase}", "--model", str(folder), "--device", "cpu",
-                          "--max-tokens", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 1
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {folder}"), run.stderr
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--model", str(folder), "--device", "cpu", "--max-tokens", "2"])
+    message = str(exited.value.code)
+    assert len(message.splitlines()) == 1 and message.startswith(f"error: {folder}"), message
+    assert capfd.readouterr().err == ""

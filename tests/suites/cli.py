@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import pytest
+
+from tests.conftest import ROOT
 
 
 
@@ -46,3 +50,14 @@ def test_cli_ctrl_c_is_one_line_not_a_traceback(cli, monkeypatch):
     monkeypatch.setattr(cli.LLM, "generate", interrupted)
     with pytest.raises(SystemExit, match="^interrupted$"):
         cli.main(["--model", "tiny-llama", "--prompt", "Hello", "--max-tokens", "5", "--device", "cpu"])
+
+
+def test_cli_error_in_a_real_process_is_one_line_and_status_1(phase):
+    """The one subprocess of the CLI suites: what a user sees from `python -m phases.<phase>` with
+    bad input is one line on stderr (no warning, no traceback) and exit status 1. The other CLI
+    tests call main(argv) in this process."""
+    run = subprocess.run([sys.executable, "-m", f"phases.{phase}", "--model", "tiny-llama", "--max-tokens", "0",
+                          "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: max_tokens must be a positive integer"), run.stderr
