@@ -183,13 +183,15 @@ def pinned_cores(on: bool, device: str):
     if not (on and device.startswith("cuda") and hasattr(os, "sched_setaffinity")):
         yield None
         return
-    before = os.sched_getaffinity(0)
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
     cores = sorted(before)[:PIN_CORES]
     os.sched_setaffinity(0, cores)
+    torch.set_num_threads(min(threads, len(cores)))   # no more compute threads than cores to run them
     try:
         yield cores
     finally:
         os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
 
 
 def phase_options(spec: str, args) -> dict:

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 from .presets import PRESETS
-from .stats import TWIN, format_aa, format_ratio, higher_is_better, paired_ratio
+from .stats import TWIN, fmt_bound, format_aa, format_ratio, higher_is_better, paired_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("hf-generate", "hf-generate-nocudnn", "hf-static")
@@ -480,10 +480,11 @@ def across_runs(records: list[dict], phase: str, command: str) -> str:
     before = [ratio for _, ratio in ratios[:-1]]
     lo, hi = min(x["min"] for x in before), max(x["max"] for x in before)
     where = "inside" if lo <= medians[-1] <= hi else "outside"
+    b = fmt_bound
     return (f" Across the {len(ratios)} runs of this part in results/ (git {shas}, oldest first): run medians "
-            f"{min(medians):.2f}–{max(medians):.2f}×, repeat pairs {min(x['min'] for _, x in ratios):.2f}–"
-            f"{max(x['max'] for _, x in ratios):.2f}×; the newest run's median lies {where} the pairs of the "
-            f"run{'s' if len(before) > 1 else ''} before it ({lo:.2f}–{hi:.2f}×).")
+            f"{b(min(medians))}–{b(max(medians))}×, repeat pairs {b(min(x['min'] for _, x in ratios))}–"
+            f"{b(max(x['max'] for _, x in ratios))}×; the newest run's median lies {where} the pairs of the "
+            f"run{'s' if len(before) > 1 else ''} before it ({b(lo)}–{b(hi)}×).")
 
 
 # --- profile: decode-step profile records of a phase, per device --------------------------------

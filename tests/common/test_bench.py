@@ -324,3 +324,11 @@ def test_throughput_sample_counts_the_preemptions_of_its_own_run():
     work = workloads.concurrency(2, "small")
     assert measure.throughput_sample(Engine(), work, "cpu")["num_preemptions"] == 3
     assert measure.preemptions(object()) is None
+
+
+def test_aa_puts_the_baseline_and_its_twin_first():
+    from common.bench_set import aa
+    assert aa("p05,p06,hf-static") == "p05,p05#2,p06,hf-static"
+    assert aa("p06 attention_backend=torch,p05", base="p05") == "p05,p05#2,p06 attention_backend=torch"
+    with pytest.raises(ValueError, match="not among"):
+        aa("p05,p06", base="p04")
