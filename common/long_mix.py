@@ -1,0 +1,232 @@
+"""The long-mix workload (DESIGN section 6): steady decode streams plus Poisson arrivals of long
+prompts, and its runner: what a long prefill does to the requests decoding beside it.
+
+  python -m common.long_mix --phase p11_chunked_prefill --presets llama-1b \
+      --engines "p10,p10#2,p11 max_num_batched_tokens=2048"
+
+Streams: each of `streams` streams keeps one short request in flight (a `short_prompt`-token
+prompt, `short_output` new tokens); when it finishes, the stream sends its next one at once (a
+closed loop), so the engine always decodes about `streams` sequences. Long prompts: uniform in
+[long_lo, long_hi] tokens, `long_output` new tokens each, arriving open-loop at Poisson times of
+`rate` per second over `window_s` seconds. The streams stop sending at the window's end, and the
+sample ends when every request has finished. Arrival times and token ids are seeded: every engine
+and repeat gets the same requests at the same offsets.
+
+One sample per engine and repeat: the inter-token latency (ITL) p50/p99 over every gap of every
+request, the time to first token (TTFT) p50/p99 of the long prompts (from their scheduled
+arrival, so a step that holds up their submission counts) and of the short ones, and output
+tok/s over the sample's wall time. The engines of one call are built side by side and measured
+interleaved and rotated, as common.bench does; an engine listed twice ("p10,p10#2") is the run's
+A/A control.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+import uuid
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import bench, stats
+from .device import check_device, default_device, default_dtype, device_name, parse_dtype, synchronize
+from .engines import make_engine
+from .loader import resolve
+from .results import RESULTS, device_tag, provenance, write_records
+from .workloads import PROMPT_ID_RANGE, greedy
+
+WORKLOAD = "long-mix"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    streams: int           # short requests kept in flight (closed loop)
+    short_prompt: int      # tokens per short prompt
+    short_output: int      # new tokens per short request
+    long_lo: int           # long prompt length, uniform in [long_lo, long_hi]
+    long_hi: int
+    long_output: int       # new tokens per long request
+    rate: float            # long prompts per second (Poisson)
+    window_s: float        # streams send and long prompts arrive during this many seconds
+    seed: int = 0
+
+    def long_arrivals(self) -> list[tuple[float, list[int]]]:
+        """(offset in seconds, prompt ids) of every long prompt: exponential gaps of mean 1/rate."""
+        rng, out, t = random.Random(self.seed), [], 0.0
+        while True:
+            t += rng.expovariate(self.rate)
+            if t >= self.window_s:
+                return out
+            out.append((t, [rng.randrange(PROMPT_ID_RANGE) for _ in range(rng.randint(self.long_lo, self.long_hi))]))
+
+    def kv_tokens(self, block_size: int = 16, longs_in_flight: int = 6) -> int:
+        """KV slots that hold every stream and a few long prompts at once (more wait or preempt)."""
+        short = self.short_prompt + self.short_output + block_size
+        return self.streams * short + longs_in_flight * (self.long_hi + self.long_output + block_size)
+
+
+# The issue's sizes on the GPU: 32 streams on llama-1b, 16 on llama-8b, long prompts of 4k-8k
+# tokens; a CPU keeps the shape at small scale (tiny-llama, prompts of 128-256).
+MIXES = {
+    ("llama-1b", "full"): Mix(32, 256, 256, 4096, 8192, 32, rate=2.0, window_s=10.0),
+    ("llama-8b", "full"): Mix(16, 256, 256, 4096, 8192, 32, rate=1.0, window_s=10.0),
+    ("small", "small"): Mix(4, 16, 16, 128, 256, 4, rate=2.0, window_s=2.0),
+}
+REPEATS = {"full": 3, "small": 3}
+
+
+def mix_for(preset: str, scale: str) -> Mix:
+    """The small mix on any preset; at full scale the preset's own."""
+    if scale == "small":
+        return MIXES["small", "small"]
+    if (preset, scale) not in MIXES:
+        raise ValueError(f"no full-scale long-mix for {preset!r}: one of {[p for p, s in MIXES if s == 'full']}, "
+                         f"or --scale small")
+    return MIXES[preset, scale]
+
+
+# --- one sample ---------------------------------------------------------------------------------
+def sample(engine, mix: Mix, device: str) -> dict:
+    """Run the mix once on an idle engine (its step API); the sample's metrics."""
+    rng, longs = random.Random(mix.seed + 1), mix.long_arrivals()
+    short_ids = lambda: [rng.randrange(PROMPT_ID_RANGE) for _ in range(mix.short_prompt)]   # noqa: E731
+    kinds, scheduled, outputs = {}, {}, {}
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(mix.streams):
+        kinds[engine.add_request(short_ids(), greedy(mix.short_output))] = "short"
+    sent = 0
+    while sent < len(longs) or engine.has_unfinished():
+        now = time.perf_counter() - start
+        while sent < len(longs) and longs[sent][0] <= now:
+            rid = engine.add_request(longs[sent][1], greedy(mix.long_output))
+            kinds[rid], scheduled[rid], sent = "long", start + longs[sent][0], sent + 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, longs[sent][0] - now))      # idle until the next long prompt
+            continue
+        for rid, out in engine.step():
+            outputs[rid] = out
+            if kinds[rid] == "short" and time.perf_counter() - start < mix.window_s:
+                kinds[engine.add_request(short_ids(), greedy(mix.short_output))] = "short"
+    synchronize(device)
+    return metrics(outputs, kinds, scheduled, time.perf_counter() - start)
+
+
+def metrics(outputs: dict, kinds: dict, scheduled: dict, wall: float) -> dict:
+    """ITL over every gap, TTFT per kind (a long prompt's from its scheduled arrival), tok/s."""
+    itls = [x for out in outputs.values() for x in out.itl]
+    ttft = {kind: [out.token_times[0] - scheduled.get(rid, out.arrival_time)
+                   for rid, out in outputs.items() if kinds[rid] == kind] for kind in ("short", "long")}
+    tokens = sum(len(out.token_ids) for out in outputs.values())
+    m = {"output_tok_s": tokens / wall, "wall_s": wall, "itl_p50_ms": 1e3 * percentile(itls, 50),
+         "itl_p99_ms": 1e3 * percentile(itls, 99), "itl_max_ms": 1e3 * max(itls),
+         "num_long": len(ttft["long"]), "num_short": len(ttft["short"])}
+    for kind, values in ttft.items():
+        if values:
+            m[f"ttft_{kind}_p50_ms"], m[f"ttft_{kind}_p99_ms"] = 1e3 * percentile(values, 50), 1e3 * percentile(values, 99)
+    return m
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile, linear between the two nearest ranks (numpy's default)."""
+    xs = sorted(values)
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+
+
+def warm_up(engine, mix: Mix) -> None:
+    """The longest prompt and a few streams' worth, a few tokens each: kernels compiled and the
+    allocator grown for the shapes the clock sees."""
+    prompts = [[1] * mix.long_hi] + [[2] * mix.short_prompt] * min(mix.streams, 8)
+    engine.generate(prompts, [greedy(4)] * len(prompts))
+
+
+# --- the run ------------------------------------------------------------------------------------
+def compare(preset: str, args, run: dict, out: Path) -> list[dict]:
+    """Every engine on the mix, interleaved and rotated; records rewritten after every round."""
+    mix, engines = mix_for(preset, args.scale), {}
+    try:
+        for spec in args.engines:
+            engines[spec] = build(spec, preset, mix, args)
+            warm_up(engines[spec], mix)
+        samples = {spec: [] for spec in engines}
+        for rep in tqdm(range(args.repeats or REPEATS[args.scale]), desc=f"{preset} rounds", leave=False):
+            for spec in bench.rotated(list(engines), rep):
+                with bench.quiet_gc(True):
+                    samples[spec].append({"repeat": rep, **sample(engines[spec], mix, args.device)})
+            records = bench.with_aa([record(spec, preset, mix, samples[spec], args, run) for spec in engines])
+            write_records(out, records)
+        return records
+    finally:
+        bench.close(engines)
+
+
+def build(spec: str, preset: str, mix: Mix, args):
+    """A phase engine with its spec's options and a KV pool the mix can fill."""
+    options = bench.parse_engine_options(",".join(spec.split()[1:]))
+    per_token = resolve(preset).config.kv_bytes_per_token(parse_dtype(args.dtype))
+    options.setdefault("kv_cache_bytes", mix.kv_tokens() * per_token)
+    return make_engine(bench.engine_name(spec), preset, args.device, args.dtype, **options)
+
+
+def record(spec: str, preset: str, mix: Mix, samples: list[dict], args, run: dict) -> dict:
+    """setting: the engine's own options (a report labels the engine with them); the mix, the
+    same for every engine of the preset, is the record's "mix"."""
+    metrics, spread = stats.summarize(samples)
+    setting = bench.parse_engine_options(",".join(spec.split()[1:]))
+    return {"phase": args.phase, "engine": bench.instance_name(spec), "workload": WORKLOAD, "preset": preset,
+            "dtype": args.dtype, "scale": args.scale, "setting": setting, "mix": dataclasses.asdict(mix),
+            "device": device_name(args.device),
+            "run_id": run["run_id"], "part": run["part"], "repeats": len(samples), "metrics": metrics,
+            "spread": spread, "samples": samples,
+            "provenance": provenance(device_name(args.device)) | {"make_command": run["make_command"]}}
+
+
+def line(rec: dict) -> str:
+    m, options = rec["metrics"], " ".join(f"{k}={v}" for k, v in rec["setting"].items())
+    ttft = "  ".join(f"TTFT {k} p50/p99 {m.get(f'ttft_{k}_p50_ms', 0):.0f}/{m.get(f'ttft_{k}_p99_ms', 0):.0f} ms"
+                     for k in ("long", "short"))
+    return (f"[bench] {rec['engine']:<6} {options:<28} {rec['preset']} {rec['device']}: "
+            f"{m['output_tok_s']:8.1f} out tok/s  ITL p50/p99 {m['itl_p50_ms']:.1f}/{m['itl_p99_ms']:.1f} ms  {ttft}")
+
+
+def main(argv=None, part: str | None = None, make_command: str | None = None) -> list[dict]:
+    args = parse_args(argv)
+    out = Path(args.out or RESULTS / args.phase / f"{WORKLOAD}-{device_tag(device_name(args.device))}.json")
+    bench.check_out(out)
+    run = {"run_id": uuid.uuid4().hex[:12], "part": part, "make_command": make_command}
+    records = []
+    with bench.pinned_cores(True, args.device):
+        for preset in args.presets:
+            new = compare(preset, args, run, out)
+            print("\n".join(line(r) for r in new), flush=True)
+            records += new
+    print(f"[bench] run {run['run_id']}: wrote {len(records)} records to {out}")
+    return records
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--phase", required=True, help="results folder, e.g. p11_chunked_prefill")
+    p.add_argument("--presets", default="llama-1b", help="comma-separated presets")
+    p.add_argument("--engines", required=True, help="comma-separated phase engines with their options: "
+                   "\"p10,p10#2,p11 max_num_batched_tokens=2048\"")
+    p.add_argument("--scale", choices=["full", "small"], default="full")
+    p.add_argument("--repeats", type=int, default=None, help="rounds of every engine (default 3)")
+    p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--out", default=None, help=f"result file (default results/<phase>/{WORKLOAD}-<device>.json)")
+    args = p.parse_args(argv)
+    args.device = check_device(args.device or default_device())
+    args.dtype = args.dtype or default_dtype(args.device)
+    args.presets, args.engines = args.presets.split(","), args.engines.split(",")
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be positive, got {args.repeats}")
+    return args
+
+
+if __name__ == "__main__":
+    main()
