@@ -332,3 +332,19 @@ def test_aa_puts_the_baseline_and_its_twin_first():
     assert aa("p06 attention_backend=torch,p05", base="p05") == "p05,p05#2,p06 attention_backend=torch"
     with pytest.raises(ValueError, match="not among"):
         aa("p05,p06", base="p04")
+
+
+def test_pinning_applies_on_a_gpu_host_only_and_is_undone(monkeypatch):
+    import os
+    before = os.sched_getaffinity(0)
+    with bench.pinned_cores(True, "cpu") as cores:
+        assert cores is None                     # a CPU run keeps every core
+    with bench.pinned_cores(True, "cuda") as cores:
+        assert os.sched_getaffinity(0) == set(cores) and len(cores) <= bench.PIN_CORES
+    assert os.sched_getaffinity(0) == before
+
+    def refuse(*args):
+        raise OSError("not permitted")
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    with bench.pinned_cores(True, "cuda") as cores:
+        assert cores is None                     # refused: measured unpinned, not a crash
