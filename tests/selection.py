@@ -49,10 +49,14 @@ class Suite:
 SUITES: dict[str, Suite] = {
     # every phase: greedy exact match against HF on the real model, in full
     "correctness": Suite(ALL, smoke=()),
-    # the checks are common/requests.py's; the phase's part is calling them before any work
-    "bad_input": Suite(("engine.py", "config.py"),
+    # the checks are common/requests.py's and config.py's; the engine's part, calling them before
+    # any work, is what the smoke's test_bad_request_in_batch_does_no_work checks in every phase
+    "bad_input": Suite(("config.py",),
                        smoke=("test_prompt_plus_max_tokens_over_context", "test_bad_request_in_batch_does_no_work")),
-    "sampling": Suite(("sampler.py", "sequence.py", "engine.py"),
+    # top-k/top-p/seeds are sampler.py's, stop strings, max_tokens and EOS sequence.py's; the smoke
+    # keeps the engine's part (a generator per seeded request) in every phase, and correctness
+    # covers EOS on the real model there (test_ignore_eos loads it again)
+    "sampling": Suite(("sampler.py", "sequence.py"),
                       smoke=("test_seeded_request_ignores_batch_neighbours", "test_stop_string")),
     "recovery": Suite(("engine.py", "scheduler.py", "block_manager.py", "sequence.py"),
                       smoke=("test_after_failure_matches_fresh_engine",)),
