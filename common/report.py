@@ -574,7 +574,7 @@ def run_tags(sources: list[tuple]) -> tuple[dict, str]:
     row can come from different runs (different machine starts): the letters say which."""
     tags, notes = {}, []
     for rec in (r for row in sources for r in row if r):
-        run = rec.get("run_id") or f"{rec['file']} {(rec.get('provenance') or {}).get('utc', '?')}"
+        run = run_key(rec)
         if run in tags:
             continue
         tags[run] = chr(ord("A") + len(tags)) if len(tags) < 26 else f"R{len(tags)}"
@@ -585,13 +585,14 @@ def run_tags(sources: list[tuple]) -> tuple[dict, str]:
                   if notes else "")
 
 
+def run_key(rec: dict) -> str:
+    """The run a record came from: its run id, else (older records) its file and time."""
+    return rec.get("run_id") or f"{rec['file']} {(rec.get('provenance') or {}).get('utc', '?')}"
+
+
 def run_cell(tags: dict, row: tuple) -> str:
     """"A / B / –": the run letter of each absolute column of a row."""
-    def tag(rec):
-        if rec is None:
-            return "–"
-        return tags[rec.get("run_id") or f"{rec['file']} {(rec.get('provenance') or {}).get('utc', '?')}"]
-    return " / ".join(tag(r) for r in row)
+    return " / ".join("–" if rec is None else tags[run_key(rec)] for rec in row)
 
 
 def ladder_device(records: list[dict], device: str) -> str | None:
