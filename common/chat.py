@@ -21,6 +21,7 @@ from .output import Output
 from .sampling import SamplingParams
 
 PROMPT = ">>> "
+CHAT_MAX_TOKENS = 512      # a reply's default budget: room for a normal answer to end by itself
 HELP = "/reset clears the history, /exit or Ctrl-D ends the chat, Ctrl-C stops a reply"
 
 
@@ -33,11 +34,13 @@ def chat(engine, params: SamplingParams, stdin: TextIO | None = None, stdout: Te
 
 def check_streamable(engine) -> None:
     """Only an in-process engine can stream: the worker-process engines (ParallelLLM) return
-    whole outputs from generate() and nothing in between."""
+    whole outputs from generate() and nothing in between. `engine` may be the class, so that the
+    command line refuses before it builds anything (a ParallelLLM starts its workers first)."""
     generate = getattr(engine, "generate", None)
     serial = generate is not None and "on_token" in inspect.signature(generate).parameters
     if not (hasattr(engine, "add_request") or serial):
-        raise ValueError(f"the chat streams replies from an in-process engine, and {type(engine).__name__} "
+        name = engine.__name__ if isinstance(engine, type) else type(engine).__name__
+        raise ValueError(f"the chat streams replies from an in-process engine, and {name} "
                          f"only returns whole ones; drop --parallel, or pass --prompt for one answer")
 
 
@@ -221,9 +224,13 @@ class ChatSession:
             self.footer(out)
 
     def footer(self, out: Output) -> None:
+        """At a terminal: the reply's numbers, and why it ended when max_tokens cut it mid-sentence
+        (as --prompt's footer says "finish: length"). From a pipe, none: stdout holds replies only."""
         if self.interactive and out.token_ids:
             n, elapsed = len(out.token_ids), out.token_times[-1] - out.arrival_time
-            self.note(f"[{n} tokens in {elapsed:.2f} s, {n / elapsed:.1f} tok/s, TTFT {1e3 * out.ttft:.0f} ms]")
+            cut = out.finish_reason == "length"
+            why = f"; cut at max_tokens={self.params.max_tokens}: finish length" if cut else ""
+            self.note(f"[{n} tokens in {elapsed:.2f} s, {n / elapsed:.1f} tok/s, TTFT {1e3 * out.ttft:.0f} ms{why}]")
 
     def write(self, text: str) -> None:
         self.stdout.write(text)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from common.chat import chat
+from common.chat import CHAT_MAX_TOKENS, chat, check_streamable
 from common.sampling import SamplingParams
 
 from .engine import LLM
 from .router import ParallelLLM
 
 DEFAULT_PROMPT = "What is the capital of France?"
+MAX_TOKENS = 128                    # one answer's default budget; a chat reply's is CHAT_MAX_TOKENS
 
 
 def parse_args(argv=None):
@@ -25,7 +26,7 @@ def parse_args(argv=None):
                    f"the default is {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true", help="use the chat template; without --prompt, "
                    "chat turn by turn (from a pipe: one turn per line)")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=None, help=f"default {MAX_TOKENS}, in a chat {CHAT_MAX_TOKENS}")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -40,12 +41,18 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    chatting = args.chat and args.prompt is None          # turn by turn, every reply streamed
+    if args.max_tokens is None:
+        args.max_tokens = CHAT_MAX_TOKENS if chatting else MAX_TOKENS
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
         options = dict(device=args.device, dtype=args.dtype, parallel=args.parallel, world_size=args.world_size)
-        llm = (LLM if args.parallel == "none" else ParallelLLM)(args.model, **options)
-        if args.chat and args.prompt is None:
+        engine = LLM if args.parallel == "none" else ParallelLLM
+        if chatting:
+            check_streamable(engine)        # refused before anything is built or started
+        llm = engine(args.model, **options)
+        if chatting:
             return chat(llm, params)
         prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
         prompt = llm.tokenizer.chat_ids(prompt) if args.chat else prompt

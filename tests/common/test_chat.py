@@ -35,8 +35,13 @@ def piped_chat(engine, lines: list[str], stdout=None) -> tuple[str, str]:
 
 def generate_reply(engine, messages: list[tuple[str, str]]) -> str:
     """What generate() answers to this conversation, templated the same way."""
+    return generate_output(engine, messages).text
+
+
+def generate_output(engine, messages: list[tuple[str, str]]):
     ids = engine.tokenizer.messages_ids([{"role": r, "content": c} for r, c in messages])
-    return engine.generate(ids, PARAMS)[0].text
+    return engine.generate(ids, PARAMS)[0]
+
 
 
 def test_piped_session_gives_generates_replies(engine):
@@ -132,9 +137,38 @@ def test_terminal_session_shows_prompt_footer_and_survives_ctrl_c_at_the_prompt(
     assert "Ctrl-C stops a reply" in lines[4]          # after Ctrl-C at the prompt; then Ctrl-D ends
 
 
+def test_a_cut_reply_says_so_in_its_footer(engine, monkeypatch):
+    """A reply cut by max_tokens ends mid-sentence: its footer says so, as --prompt's footer says
+    "finish: length"; a reply that ended by itself does not."""
+    assert generate_output(engine, [("user", CHINESE)]).finish_reason == "length"
+    assert generate_output(engine, [("user", FRANCE)]).finish_reason == "stop"
+    typed = iter([CHINESE, "/reset", FRANCE])
+
+    def fake_input(prompt: str) -> str:
+        answer = next(typed, None)
+        if answer is None:
+            raise EOFError
+        return answer
+    monkeypatch.setattr(builtins, "input", fake_input)
+    stdout = io.StringIO()
+    chat(engine, PARAMS, Terminal(), stdout, io.StringIO())
+    footers = [line for line in stdout.getvalue().splitlines() if "tok/s, TTFT" in line]
+    assert footers[0].endswith(f" ms; cut at max_tokens={PARAMS.max_tokens}: finish length]")
+    assert footers[1].endswith(" ms]")
+
+
 def test_engine_without_step_api_is_refused_clearly():
     with pytest.raises(ValueError, match="drop --parallel, or pass --prompt"):
         check_streamable(object())
+
+
+def test_an_engine_class_is_checked_before_it_is_built():
+    """The command line checks the class, so a ParallelLLM is refused before its workers start."""
+    parallel = importlib.import_module("phases.p04_replica_pipeline").ParallelLLM
+    with pytest.raises(ValueError, match="and ParallelLLM only returns whole ones"):
+        check_streamable(parallel)
+    for phase in ("p01_serial_decode", "p08_preemption"):
+        check_streamable(importlib.import_module(f"phases.{phase}").LLM)
 
 
 def test_piped_command_line_answers_and_exits_0_at_eof():

@@ -1,0 +1,4 @@
+"""p02_paged_kv: the command line in-process (the shared suite tests/suites/run_cli.py)."""
+from tests.suites.run_cli import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p02_paged_kv"
