@@ -70,8 +70,8 @@ class Mix:
 # The sizes on the GPU: 32 streams on llama-1b, 16 on llama-8b, long prompts of 4k-8k
 # tokens; a CPU keeps the shape at small scale (tiny-llama, prompts of 128-256).
 MIXES = {
-    ("llama-1b", "full"): Mix(32, 256, 256, 4096, 8192, 32, rate=2.0, window_s=6.0),
-    ("llama-8b", "full"): Mix(16, 256, 256, 4096, 8192, 32, rate=1.0, window_s=8.0),
+    ("llama-1b", "full"): Mix(32, 256, 256, 4096, 8000, 32, rate=2.0, window_s=6.0),
+    ("llama-8b", "full"): Mix(16, 256, 256, 4096, 8000, 32, rate=2.0, window_s=8.0),
     ("small", "small"): Mix(4, 16, 16, 128, 256, 4, rate=2.0, window_s=2.0),
 }
 REPEATS = {"full": 3, "small": 3}
