@@ -57,6 +57,9 @@ class EngineConfig:
         self._check_parallel()
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.parallel == "pipeline" and self.preemption == "swap":    # refused here, before any worker
+            raise ValueError("the pipeline preempts by recompute only (the tail holds half of every "
+                             "sequence's K/V): use preemption='recompute'")
         self.attention_backend = resolve_backend(self.attention_backend, self.device)
 
     def _check_parallel(self) -> None:
@@ -69,8 +72,7 @@ class EngineConfig:
         if self.parallel == "pipeline" and self.world_size != 2:
             raise ValueError(f"the pipeline has 2 stages: world_size must be 2, got {self.world_size}")
         if self.device.startswith("cuda") and self.world_size > torch.cuda.device_count():
-            raise ValueError(f"world_size {self.world_size} needs as many GPUs; "
-                             f"{torch.cuda.device_count()} visible")
+            raise ValueError(f"world_size {self.world_size} needs as many GPUs; {torch.cuda.device_count()} visible")
 
     def resolve_max_model_len(self, model_max_position: int) -> int:
         if self.max_model_len is None:

@@ -55,6 +55,7 @@ class LLM:
         self.requests: dict[int, Sequence] = {}   # seq_id -> every unfinished request (a server streams
                                                   # their output_ids as they grow)
         self._seq_ids = itertools.count()
+        self._last_call: list[Sequence] = []     # generate()'s requests, kept until its next call
         torch.manual_seed(self.config.seed)
 
     def _build_model(self) -> Model:
@@ -122,27 +123,25 @@ class LLM:
                  priorities: list[int] | None = None) -> list[Output]:
         """prompts: a str, a list of token ids, or a list of either. Outputs keep their order.
         priorities: one per prompt (lower runs first), default all 0."""
+        self._abort(self._last_call)    # what a clean-up cut short (a second Ctrl-C) left behind
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine; step() the requests added with "
                                "add_request() to completion first")
         now = time.perf_counter()   # offline: every request arrives now
         requests = self._prepare(prompts, sampling_params)
-        priorities = [0] * len(requests) if priorities is None else [check_priority(p) for p in priorities]
-        if len(priorities) != len(requests):
-            raise ValueError(f"{len(priorities)} priorities for {len(requests)} prompts")
+        priorities = check_priorities(priorities, len(requests))
         seqs = [Sequence(next(self._seq_ids), ids, p, now, pri) for (ids, p), pri in zip(requests, priorities)]
-        for seq in seqs:
-            self.scheduler.check_fits(seq)      # every request is checked before any work starts
+        for i, seq in enumerate(seqs):          # every request is checked before any work starts
+            self.scheduler.check_fits(seq, f"request {i}")
+        self._last_call = seqs
         try:
             ids, outputs = [self._add(seq) for seq in seqs], {}
             with tqdm(total=len(seqs), disable=not use_tqdm, desc="requests") as bar:
                 while self.has_unfinished():
-                    finished = self.step()
-                    outputs.update(finished)
+                    outputs.update(finished := self.step())
                     bar.update(len(finished))
-        except BaseException:   # an error or Ctrl-C mid-call: without this, the requests would hold
-            self._abort(seqs)   # their blocks and keep the engine busy for every later call
-            raise
+        finally:                # done, failed or Ctrl-C: no request of the call may stay, holding
+            self._abort(seqs)   # blocks and keeping the engine busy for every later call
         return [outputs[i] for i in ids]
 
     def _prepare(self, prompts, sampling_params):
@@ -186,3 +185,13 @@ def check_priority(priority) -> int:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority must be an integer (lower runs first), got {priority!r}")
     return priority
+
+
+def check_priorities(priorities: list[int] | None, num_prompts: int) -> list[int]:
+    """generate()'s priorities (LLM's and ParallelLLM's): one per prompt, default all 0."""
+    if priorities is None:
+        return [0] * num_prompts
+    priorities = [check_priority(p) for p in priorities]
+    if len(priorities) != num_prompts:
+        raise ValueError(f"{len(priorities)} priorities for {num_prompts} prompts")
+    return priorities

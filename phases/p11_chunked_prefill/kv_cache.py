@@ -32,7 +32,7 @@ class KVCache:
         """Copy these blocks of every layer to host memory (pinned on a GPU, so the copy does not
         stall the host): (num_layers, 2, n, block_size, num_kv_heads, head_dim). Queued on the
         same stream as the next forward, so it reads the blocks before anything overwrites them."""
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.layers[0].device)
+        index = self._block_index(block_ids)
         shape = (len(self.layers), 2, len(block_ids), *self.layers[0].shape[2:])
         host = torch.empty(shape, dtype=self.layers[0].dtype, pin_memory=self.layers[0].is_cuda)
         for saved, layer in zip(host, self.layers):
@@ -41,9 +41,17 @@ class KVCache:
 
     def restore(self, block_ids: list[int], saved: torch.Tensor) -> None:
         """Write what save() copied into these blocks (as many as were saved, any ids)."""
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.layers[0].device)
+        index = self._block_index(block_ids)
         for layer, kv in zip(self.layers, saved):
             layer[:, index] = kv.to(layer.device, non_blocking=True)
+
+    def _block_index(self, block_ids: list[int]) -> torch.Tensor:
+        """Block ids as a device tensor, copied from pinned host memory without waiting:
+        torch.tensor(ids, device=...) copies from pageable memory and blocks the host until the
+        GPU has caught up, a second sync in a step that makes one (the sampled tokens)."""
+        device = self.layers[0].device
+        ids = torch.tensor(block_ids, dtype=torch.long, pin_memory=device.type == "cuda")
+        return ids.to(device, non_blocking=True)
 
 
 def memory_budget(device: str, gpu_memory_utilization: float, cpu_bytes: int) -> int:

@@ -17,6 +17,7 @@ from common.output import Output
 from common.requests import prepare_requests
 
 from .config import EngineConfig
+from .engine import check_priorities
 from .worker_pool import WorkerPool
 
 
@@ -60,13 +61,16 @@ class ParallelLLM:
     def tokenizer(self):
         return self.source.tokenizer
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = False) -> list[Output]:
-        """As LLM.generate (use_tqdm is ignored: the work happens in the workers)."""
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = False,
+                 priorities: list[int] | None = None) -> list[Output]:
+        """As LLM.generate (use_tqdm is ignored: the work happens in the workers). Each replica,
+        or the pipeline's head, schedules its share of the requests by their priorities."""
         now = time.perf_counter()   # offline: every request arrives now
         # encode lazily: token-id prompts need no tokenizer (random presets borrow SmolLM2's)
         requests = prepare_requests(prompts, sampling_params, lambda text: self.tokenizer.encode(text),
                                     self.model_config.vocab_size, self.max_model_len)
-        costs = [len(ids) + p.max_tokens for ids, p in requests]
+        requests = [(*r, pri) for r, pri in zip(requests, check_priorities(priorities, len(requests)))]
+        costs = [len(ids) + p.max_tokens for ids, p, _ in requests]
         shares = least_outstanding_tokens(costs, len(self.entry_ranks))
         commands = {rank: ("generate", [requests[i] for i in share])
                     for rank, share in zip(self.entry_ranks, shares) if share}

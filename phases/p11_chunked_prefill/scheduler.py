@@ -85,13 +85,13 @@ class Scheduler:
         self.swapped_blocks: dict[int, int] = {}  # seq_id -> blocks its saved K/V fills
         self.num_preemptions = 0
 
-    def check_fits(self, seq: Sequence) -> None:
-        """Raise ValueError for a request that could never be scheduled, even on an idle engine.
+    def check_fits(self, seq: Sequence, request: str = "the request") -> None:
+        """Raise ValueError, naming `request`, for one that could never run even on an idle engine.
         (A prompt longer than the token budget is fine: it is prefilled in chunks.)"""
         need, have = self.block_manager.blocks_for(seq.max_len), self.block_manager.num_blocks
         if need > have:
-            raise ValueError(f"prompt + max_tokens ({seq.max_len} tokens) needs {need} KV blocks but the "
-                             f"whole pool has {have}; give the KV cache more memory or lower max_tokens")
+            raise ValueError(f"{request}: prompt + max_tokens ({seq.max_len} tokens) needs {need} KV blocks but "
+                             f"the whole pool has {have}; give the KV cache more memory or lower max_tokens")
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq)
