@@ -32,6 +32,7 @@ def mix(name: str, preset: str, engines: list[str], *extra: str):
     def part(rest: list[str], command: str) -> None:
         long_mix.main(["--phase", PHASE, "--presets", preset, "--engines", ",".join(engines), *extra, *rest],
                       part=name, make_command=command)
+    part.preset, part.engines = preset, engines                     # what the part compares, for tests
     return part
 
 

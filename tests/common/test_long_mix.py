@@ -1,0 +1,84 @@
+"""The long-mix workload: seeded Poisson arrivals inside the window, streams kept full (closed
+loop), long prompts' TTFT from their scheduled arrival, percentiles as numpy computes them."""
+import time
+
+import pytest
+
+from common import long_mix
+from common.output import Output
+
+MIX = long_mix.Mix(streams=3, short_prompt=4, short_output=2, long_lo=8, long_hi=12, long_output=2,
+                   rate=20.0, window_s=0.5)
+
+
+class FakeEngine:
+    """The step API over a clock: each step gives every request one token (a long prompt's first
+    token takes `long_steps` steps); step() returns (id, Output) of those it finished."""
+
+    def __init__(self, step_s: float = 0.005, long_steps: int = 3):
+        self.step_s, self.long_steps, self.live, self.ids, self.added = step_s, long_steps, {}, 0, []
+
+    def add_request(self, prompt, params):
+        self.ids += 1
+        self.added.append((self.ids, len(prompt), time.perf_counter()))
+        wait = self.long_steps if len(prompt) >= MIX.long_lo else 1
+        self.live[self.ids] = [prompt, params.max_tokens, wait, time.perf_counter(), []]
+        return self.ids
+
+    def has_unfinished(self):
+        return bool(self.live)
+
+    def step(self):
+        time.sleep(self.step_s)
+        done = []
+        for rid, req in list(self.live.items()):
+            req[2] -= 1
+            if req[2] <= 0:
+                req[4].append(time.perf_counter())
+            if len(req[4]) == req[1]:
+                done.append((rid, Output(req[0], [7] * req[1], "", "length", req[3], req[4])))
+                del self.live[rid]
+        return done
+
+
+def test_arrivals_are_seeded_poisson_inside_the_window():
+    arrivals = MIX.long_arrivals()
+    assert arrivals == MIX.long_arrivals()                      # every engine gets the same requests
+    times = [t for t, _ in arrivals]
+    assert times == sorted(times) and all(0 < t < MIX.window_s for t in times)
+    assert all(MIX.long_lo <= len(ids) <= MIX.long_hi for _, ids in arrivals)
+    many = long_mix.Mix(1, 1, 1, 1, 1, 1, rate=50.0, window_s=100.0).long_arrivals()
+    assert len(many) == pytest.approx(5000, rel=0.05)          # rate x window
+
+
+def test_sample_keeps_the_streams_full_and_measures_every_request():
+    engine = FakeEngine()
+    m = long_mix.sample(engine, MIX, "cpu")
+    shorts = [a for a in engine.added if a[1] == MIX.short_prompt]
+    assert m["num_long"] == len(MIX.long_arrivals()) > 0
+    assert m["num_short"] == len(shorts) > MIX.streams          # finished streams sent their next request
+    assert not engine.live                                       # the sample ends with every request done
+    assert m["output_tok_s"] > 0 and m["itl_p50_ms"] <= m["itl_p99_ms"] <= m["itl_max_ms"]
+    assert m["ttft_long_p50_ms"] > m["ttft_short_p50_ms"]       # 3 steps to a long prompt's first token
+
+
+def test_long_ttft_counts_from_the_scheduled_arrival():
+    """A step that holds up a long prompt's submission is part of its TTFT."""
+    out = Output([1], [7], "", "length", arrival_time=10.2, token_times=[10.5])
+    m = long_mix.metrics({1: out, 2: Output([1], [7, 7], "", "length", 10.0, [10.1, 10.2])},
+                         {1: "long", 2: "short"}, {1: 10.0}, wall=1.0)
+    assert m["ttft_long_p50_ms"] == pytest.approx(500) and m["ttft_short_p50_ms"] == pytest.approx(100)
+    assert m["output_tok_s"] == 3 and m["itl_p50_ms"] == pytest.approx(100)
+
+
+def test_percentile_interpolates_like_numpy():
+    assert long_mix.percentile([1, 2, 3, 4], 50) == 2.5
+    assert long_mix.percentile(list(range(101)), 99) == 99
+    assert long_mix.percentile([5], 99) == 5
+
+
+def test_mix_for_scales_and_presets():
+    assert long_mix.mix_for("anything", "small") == long_mix.MIXES["small", "small"]
+    assert long_mix.mix_for("llama-8b", "full").streams == 16
+    with pytest.raises(ValueError, match="no full-scale long-mix"):
+        long_mix.mix_for("tiny-llama", "full")
