@@ -3,6 +3,7 @@ prompts, and its runner: what a long prefill does to the requests decoding besid
 
   python -m common.long_mix --phase p11_chunked_prefill --presets llama-1b \
       --engines "p10,p10#2,p11 max_num_batched_tokens=2048"
+  python -m common.long_mix readme p11_chunked_prefill     # the README's generated headline and table
 
 Streams: each of `streams` streams keeps one short request in flight (a `short_prompt`-token
 prompt, `short_output` new tokens); when it finishes, the stream sends its next one at once (a
@@ -23,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import random
+import re
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -34,7 +38,8 @@ from . import bench, stats
 from .device import check_device, default_device, default_dtype, device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
-from .results import RESULTS, device_tag, provenance, write_records
+from .report import engine_label, short_sha, table
+from .results import RESULTS, ROOT, device_tag, provenance, read_records, write_records
 from .workloads import PROMPT_ID_RANGE, greedy
 
 WORKLOAD = "long-mix"
@@ -193,7 +198,91 @@ def line(rec: dict) -> str:
             f"{m['output_tok_s']:8.1f} out tok/s  ITL p50/p99 {m['itl_p50_ms']:.1f}/{m['itl_p99_ms']:.1f} ms  {ttft}")
 
 
+# --- the README's generated lines: `python -m common.long_mix readme <phase>` ---------------------
+MARKER = re.compile(r"(<!-- long-mix:(\w+) -->\n)(.*?)(<!-- /long-mix:\2 -->)", re.S)
+GPU = "NVIDIA H200"
+
+
+def newest_run(records: list[dict], device: str, preset: str) -> list[dict]:
+    """The records of the newest long-mix run on this device and preset (p10 first, then by budget)."""
+    recs = [r for r in records if r["workload"] == WORKLOAD and r["device"] == device and r["preset"] == preset]
+    if not recs:
+        return []
+    run = max(recs, key=lambda r: r["provenance"]["utc"])["run_id"]
+    return sorted((r for r in recs if r["run_id"] == run),
+                  key=lambda r: (bool(r["setting"]), r["setting"].get("max_num_batched_tokens", 0), engine_label(r)))
+
+
+def budget_label(rec: dict) -> str:
+    """"p10", "p10#2 (A/A)", or this phase's engine by its budget: "2048", "2048, K=2"."""
+    if not rec["setting"]:
+        return rec["engine"] + (" (A/A)" if stats.TWIN in rec["engine"] else "")
+    k = rec["setting"].get("max_num_partial_prefills")
+    return f"{rec['setting']['max_num_batched_tokens']}" + (f", K={k}" if k else "")
+
+
+def default_budget(phase: str) -> int:
+    config = importlib.import_module(f"phases.{phase}.config").EngineConfig
+    return config.__dataclass_fields__["max_num_batched_tokens"].default
+
+
+def versus(rec: dict, base: dict, twin: dict, key: str) -> str:
+    """rec over base per repeat pair as a speed ratio, judged against twin over base."""
+    return stats.format_ratio(stats.paired_ratio(rec, base, key), stats.paired_ratio(twin, base, key), show_aa=False)
+
+
+def headline(records: list[dict], phase: str, device: str = GPU, preset: str = "llama-1b") -> str:
+    recs = newest_run(records, device, preset)
+    mine = [r for r in recs if r["setting"] == {"max_num_batched_tokens": default_budget(phase)}]
+    if not mine:
+        return f"_No long-mix run on {device} with {preset} yet: `make phase-{phase[1:3]} bench PART=long-mix` awaits an H200._"
+    rec, base, twin = mine[0], recs[0], recs[1]
+    m, b = rec["metrics"], base["metrics"]
+    return (f"**{m['itl_p99_ms'] / m['itl_p50_ms']:.2f}× ITL p99 over p50** at the default budget "
+            f"({default_budget(phase)} tokens; p10: {b['itl_p99_ms'] / b['itl_p50_ms']:.2f}×), long-mix on {preset}, "
+            f"{device}: ITL p99 {versus(rec, base, twin, 'itl_p99_ms')} shorter than p10's, output tok/s "
+            f"{versus(rec, base, twin, 'output_tok_s')}, TTFT p50 of the long prompts "
+            f"{versus(rec, base, twin, 'ttft_long_p50_ms')} and of the short ones "
+            f"{versus(rec, base, twin, 'ttft_short_p50_ms')} (speed ratios over p10 per repeat pair, "
+            f"judged against p10#2 over p10 on the same metric; git {short_sha(rec['provenance']['git_sha'])}).")
+
+
+def results_table(records: list[dict], device: str = GPU) -> str:
+    """Every engine of the newest long-mix run per preset: medians, and ratios over p10."""
+    rows, used = [], []
+    for preset in sorted({r["preset"] for r in records if r["device"] == device and r["workload"] == WORKLOAD}):
+        recs = newest_run(records, device, preset)
+        base, twin = recs[0], recs[1]
+        used.append(base)
+        for r in recs:
+            m = r["metrics"]
+            rows.append([preset, budget_label(r), f"{m['output_tok_s']:,.0f}", f"{m['itl_p50_ms']:.1f}",
+                         f"{m['itl_p99_ms']:.1f}", f"{m['itl_p99_ms'] / m['itl_p50_ms']:.2f}",
+                         f"{m['ttft_long_p50_ms']:.0f}", f"{m['ttft_short_p50_ms']:.0f}"]
+                        + (["–"] * 3 if r is base else [versus(r, base, twin, k) for k in
+                                                         ("itl_p99_ms", "output_tok_s", "ttft_long_p50_ms")]))
+    header = ["model", "engine (budget)", "out tok/s", "ITL p50 ms", "ITL p99 ms", "p99/p50", "TTFT long p50 ms",
+              "TTFT short p50 ms", "ITL p99 vs p10", "tok/s vs p10", "TTFT long vs p10"]
+    sources = "; ".join(f"{r['preset']}: git {short_sha(r['provenance']['git_sha'])}, run {r['run_id']}, "
+                        f"{r['provenance']['utc'][:10]}" for r in used)
+    return (table(header, rows) + f"\n\n_Source: `results/{used[0]['phase']}/{WORKLOAD}-{device_tag(device)}.json` "
+            f"({used[0]['provenance']['make_command']} and PART=long-mix-8b; {sources})._") if rows else \
+        f"_No long-mix run on {device} yet._"
+
+
+def update_readme(phase: str) -> None:
+    """Rewrite the README's long-mix markers (headline, table) from results/<phase>/."""
+    path, records = ROOT / "phases" / phase / "README.md", read_records(phase)
+    texts = {"headline": headline(records, phase), "table": results_table(records)}
+    text = MARKER.sub(lambda m: m.group(1) + texts[m.group(2)] + "\n" + m.group(4), path.read_text())
+    path.write_text(text)
+
+
 def main(argv=None, part: str | None = None, make_command: str | None = None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["readme"]:
+        update_readme(argv[1])
+        return []
     args = parse_args(argv)
     out = Path(args.out or RESULTS / args.phase / f"{WORKLOAD}-{device_tag(device_name(args.device))}.json")
     bench.check_out(out)

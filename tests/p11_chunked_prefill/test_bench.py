@@ -44,3 +44,16 @@ def test_every_engine_spec_is_a_valid_config():
             for spec in engines_of(part):
                 if engine_name(spec) == "p11":
                     EngineConfig(model="tiny-llama", device="cpu", **parse_engine_options(",".join(spec.split()[1:])))
+
+
+def test_readme_long_mix_lines_are_generated():
+    """The README's long-mix headline and table are what `python -m common.long_mix readme` writes now."""
+    import re
+    from pathlib import Path
+
+    from common.results import read_records
+    text = (Path(__file__).resolve().parents[2] / "phases" / PHASE / "README.md").read_text()
+    records = read_records(PHASE)
+    for name, body in (("headline", long_mix.headline(records, PHASE)), ("table", long_mix.results_table(records))):
+        m = re.search(rf"<!-- long-mix:{name} -->\n(.*?)\n<!-- /long-mix:{name} -->", text, re.S)
+        assert m and m.group(1) == body, f"README long-mix {name} is stale: run python -m common.long_mix readme {PHASE}"
