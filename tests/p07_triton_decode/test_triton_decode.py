@@ -71,11 +71,14 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
 
 
 def test_parts_put_the_kernel_beside_flash_attention():
+    """The baseline is p07 on FlashAttention (only the kernel differs), built twice for the A/A
+    control, then p07 on its Triton kernel and p06 on FlashAttention."""
     assert set(bench.CPU_PARTS) == {"kernel"} and callable(bench.GPU_PARTS["kernel"])
     for name in ("latency", "latency-8b", "concurrency", "concurrency-8b"):
         run = bench.GPU_PARTS[name][0]
-        assert run[run.index("--engines") + 1].split(",")[:3] == [
-            "p06 attention_backend=flash-attn", "p07 attention_backend=triton", "p07 attention_backend=flash-attn"]
+        assert run[run.index("--engines") + 1].split(",")[:4] == [
+            "p07 attention_backend=flash-attn", "p07#2 attention_backend=flash-attn", "p07 attention_backend=triton",
+            "p06 attention_backend=flash-attn"]
     assert "hf-static" in bench.GPU_PARTS["latency"][0][-1]
 
 
