@@ -334,3 +334,18 @@ def test_staggered_mixed_requests_equal_previous_phase(budget, preemption):
     tokens = run_arrivals(new, requests)
     assert new.scheduler.num_preemptions > 0, "the pool was meant to force preemptions"
     assert tokens == run_arrivals(engine(PREVIOUS, max_num_seqs=16, **pool), requests)
+
+
+# --- the pipeline: the tail rebuilds each chunk's step from the head's description ---------------
+@pytest.mark.timeout(180)
+def test_pipeline_chunks_give_the_in_process_tokens():
+    """Two stages over gloo: prompts longer than the budget are chunked by the head's scheduler;
+    the tail attends over its half's pool with each sequence's computed length. Same tokens."""
+    ParallelLLM = importlib.import_module(f"phases.{PHASE}").ParallelLLM
+    options = dict(block_size=BLOCK, max_num_batched_tokens=8, max_num_seqs=4, cpu_kv_cache_bytes=1 << 21)
+    prompts = [list(range(1, 30)), [5, 6, 7], list(range(40, 60))]
+    params = [greedy(6), greedy(9), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=7, ignore_eos=True)]
+    expected = engine(PHASE, **options).generate(prompts, params)
+    with ParallelLLM("tiny-llama", device="cpu", dtype="float32", **options, parallel="pipeline", world_size=2) as llm:
+        outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
