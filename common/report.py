@@ -635,6 +635,25 @@ def ladder(records: list[dict]) -> str:
     return "\n\n".join(tables) or "_No results yet: run `make phase-NN bench`, then `make results`._"
 
 
+# --- the A/A range with and without the bench's noise control (p10's "aa-noise" part) ---------------
+def aa_noise_table(records: list[dict], history: list[dict], phase: str) -> str:
+    """One row per run and noise-control setting of the phase's "aa-noise" part, current and earlier
+    runs alike: the A/A ratio (the engine over its twin, per repeat pair) and the width of its range.
+    A narrower range with the control on, in every run, is what would show that the control works."""
+    recs = [r for r in [*history, *records] if r.get("phase") == phase and r.get("part") == "aa-noise"
+            and r.get("aa") and not is_twin(r.get("engine", ""))]
+    if not recs:
+        return "_No aa-noise run yet: `make phase-10 bench PART=aa-noise` on a GPU, then `make results`._"
+    rows = ["| run | git | UTC date | device | noise control | rounds | A/A ratio | range width |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(recs, key=lambda r: (r["provenance"].get("utc", ""), r["setting"].get("noise_control", ""))):
+        aa, prov = r["aa"], r["provenance"]
+        rows.append(f"| {r['run_id']} | {prov.get('git_sha', '')[:7]} | {prov.get('utc', '')[:16]} | {r['device']} | "
+                    f"{r['setting'].get('noise_control', 'on')} | {aa['pairs']} | {fmt_bound(aa['median'])}× "
+                    f"({fmt_bound(aa['min'])}–{fmt_bound(aa['max'])}) | {aa['max'] - aa['min']:.2f} |")
+    return "\n".join(rows)
+
+
 # --- README rewriting ---------------------------------------------------------------------------
 def build(name: str, phase: str | None, records: list[dict], history: list[dict] = (),
           unreadable: list = ()) -> str | None:
@@ -649,6 +668,8 @@ def build_body(name: str, phase: str | None, records: list[dict], history: list[
         return ladder(records)
     if phase and name == "headline":
         return headline(records, phase, list(history))
+    if phase and name == "aa-noise":
+        return aa_noise_table(records, list(history), phase)
     if phase and name == "profile":
         return profile_tables(records, phase)
     if phase and name == "before-after":

@@ -381,3 +381,20 @@ def test_an_unreadable_result_file_is_named_not_dropped(tmp_path, capsys):
         text = (root / readme).read_text()
         assert "**Unreadable result file** `results/p02_next/concurrency-h200.json` (JSONDecodeError" in text
         assert "**Unreadable result file** `results/p02_next/gather-h200.json`" in text
+
+
+def test_aa_noise_table_lists_every_run_and_setting_with_its_width():
+    """p10's aa-noise block: one row per run and noise-control setting, current and history alike,
+    the twin's own records left out; without a run it says how to make one."""
+    def rec(run, control, lo, hi, utc, engine="p10"):
+        return {"phase": "p10_review", "part": "aa-noise", "engine": engine, "run_id": run, "device": "NVIDIA H200",
+                "setting": {"concurrency": 64, "noise_control": control},
+                "aa": {"median": 1.0, "min": lo, "max": hi, "pairs": 6},
+                "provenance": {"git_sha": "abcdef123", "utc": utc}}
+    current = [rec("r2", "on", 0.95, 1.05, "2026-12-02T07:00"), rec("r2", "on", 0.95, 1.05, "2026-12-02T07:00", "p10#2")]
+    older = [rec("r1", "off", 0.80, 1.30, "2026-12-02T06:00")]
+    table = report.aa_noise_table(current, older, "p10_review")
+    rows = table.splitlines()[2:]
+    assert rows == ["| r1 | abcdef1 | 2026-12-02T06:00 | NVIDIA H200 | off | 6 | 1.00× (0.80–1.30) | 0.50 |",
+                    "| r2 | abcdef1 | 2026-12-02T07:00 | NVIDIA H200 | on | 6 | 1.00× (0.95–1.05) | 0.10 |"]
+    assert "make phase-10 bench PART=aa-noise" in report.aa_noise_table([], [], "p10_review")
