@@ -244,7 +244,16 @@ def headline(records: list[dict], phase: str, device: str = GPU, preset: str = "
             f"{versus(rec, base, twin, 'output_tok_s')}, TTFT p50 of the long prompts "
             f"{versus(rec, base, twin, 'ttft_long_p50_ms')} and of the short ones "
             f"{versus(rec, base, twin, 'ttft_short_p50_ms')} (speed ratios over p10 per repeat pair, "
-            f"judged against p10#2 over p10 on the same metric; git {short_sha(rec['provenance']['git_sha'])}).")
+            f"judged against p10#2 over p10 on the same metric; git {short_sha(rec['provenance']['git_sha'])}).\n\n"
+            f"**A/A:** p10 built twice in the same run, p10#2 over p10: ITL p99 "
+            f"{aa_text(twin, base, 'itl_p99_ms')}, output tok/s {aa_text(twin, base, 'output_tok_s')}, TTFT p50 of "
+            f"the long prompts {aa_text(twin, base, 'ttft_long_p50_ms')}, of the short ones "
+            f"{aa_text(twin, base, 'ttft_short_p50_ms')}.")
+
+
+def aa_text(twin: dict, base: dict, key: str) -> str:
+    r = stats.paired_ratio(twin, base, key)
+    return "–" if r is None else f"{stats.fmt_bound(r['median'])}× ({stats.format_range(r)})"
 
 
 def results_table(records: list[dict], device: str = GPU) -> str:
