@@ -50,6 +50,8 @@ WORKLOADS = {
                                                  "mean_in_flight": "in flight (mean)", "num_preemptions": "preemptions",
                                                  "peak_mem_gib": "peak GiB"}),
     "concurrency": ("output_tok_s", "output tok/s", {"itl_ms_p50": "ms/step (ITL p50)"}),
+    # steady decodes plus long prompts (common.long_mix); its own tables come from common.long_mix
+    "long-mix": ("itl_p99_ms", "inter-token gap p99 (ratio: the baseline's gap over this one's)", {}),
 }
 CAPTIONS = {"latency": "batch-1 latency, greedy decode", "offline": "offline throughput, all requests at once",
             "concurrency": "throughput at fixed concurrency (c requests in flight, identical lengths)"}
@@ -410,6 +412,8 @@ HEADLINES = {
     "p08_preemption": ("offline", "llama-1b", {"kv_cache_bytes": 2 << 30}, "p08 recompute", "p07", H200),
     "p09_http_serving": ("concurrency", "llama-1b", {"concurrency": 64}, "p09 http", "p09", H200),
     "p10_review": ("concurrency", "llama-1b", {"concurrency": 64}, "p10", "p09", H200),
+    # p11: the inter-token gap's tail with long prompts arriving, at the default token budget
+    "p11_chunked_prefill": ("long-mix", "llama-1b", {}, "p11 max_num_batched_tokens=2048", "p10", H200),
 }
 
 
