@@ -9,7 +9,7 @@
 #   make phase-07 kernel        check a phase's kernel against its reference, then time it (phase 07 on)
 #   make phase-09 serve         the OpenAI-compatible HTTP server on 127.0.0.1:8000 (phase 09 on)
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea): engine, then bench scripts
-#   make results                regenerate README tables from results/ and execute the notebooks
+#   make results                regenerate README tables and RUNS.md pages from results/, execute the notebooks
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -104,6 +104,7 @@ diff-%:
 
 results: setup
 	$(PY) -m common.report
+	$(PY) -m common.runs
 	$(PY) -m common.notebooks
 
 clean:
