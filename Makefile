@@ -105,6 +105,7 @@ diff-%:
 results: setup
 	$(PY) -m common.report
 	$(PY) -m common.runs
+	for r in $$(grep -l '<!-- long-mix:' phases/*/README.md); do $(PY) -m common.long_mix readme $$(basename $$(dirname $$r)); done
 	$(PY) -m common.notebooks
 
 clean:
