@@ -72,7 +72,7 @@ class Mix:
         return self.streams * short + longs_in_flight * (self.long_hi + self.long_output + block_size)
 
 
-# The sizes on the GPU: 32 streams on llama-1b, 16 on llama-8b, long prompts of 4k-8k
+# The sizes on the GPU: 32 streams on llama-1b, 16 on llama-8b, long prompts of 4k-8k
 # tokens; a CPU keeps the shape at small scale (tiny-llama, prompts of 128-256).
 MIXES = {
     ("llama-1b", "full"): Mix(32, 256, 256, 4096, 8000, 32, rate=2.0, window_s=6.0),
