@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from .presets import PRESETS
+from .results import refresh
 from .stats import TWIN, fmt_bound, format_aa, format_ratio, higher_is_better, paired_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -710,13 +711,10 @@ def main(argv: list[str] | None = None) -> int:
     records, history = load_records(args.root, unreadable=unreadable), load_history(args.root, unreadable)
     stale = []
     for path, phase in readmes(args.root):
-        text = path.read_text()
-        new = render(text, phase, records, where=str(path.relative_to(args.root)), history=history,
+        new = render(path.read_text(), phase, records, where=str(path.relative_to(args.root)), history=history,
                      unreadable=unreadable)
-        if new != text:
+        if refresh(path, new, args.check):
             stale.append(path.relative_to(args.root))
-            if not args.check:
-                path.write_text(new)
     verb = "stale" if args.check else "updated"
     print(f"[report] {verb}: {', '.join(map(str, stale))}" if stale else "[report] README tables up to date")
     return 1 if args.check and stale else 0

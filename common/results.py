@@ -88,6 +88,15 @@ def move_aside(path: Path) -> Path:
     return target
 
 
+def refresh(path: Path, text: str, check: bool) -> bool:
+    """Whether the generated `text` differs from the file at `path` (missing counts as differing);
+    writes it unless `check` (report and runs: `--check` says what is stale and writes nothing)."""
+    stale = not path.is_file() or path.read_text() != text
+    if stale and not check:
+        path.write_text(text)
+    return stale
+
+
 def write_json(path: Path, data) -> None:
     """Write atomically: a temporary file in the same folder, then os.replace() over `path`. An
     interrupt leaves either the old file or the new one, never a truncated one."""
