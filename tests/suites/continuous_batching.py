@@ -27,11 +27,15 @@ def make(LLM):
 
 
 def check_blocks(llm):
-    """No block is held by two live sequences, and held + free blocks are the whole pool."""
+    """No block is held by two live sequences, and held + free blocks are the whole pool. With a
+    prefix cache (its tree's blocks(): shared read-only, or kept for later), that holds for the
+    blocks outside the tree, and the tree's blocks are the rest."""
     bm, running = llm.scheduler.block_manager, llm.scheduler.running
-    held = [b for seq in running for b in seq.block_table]
+    tree = bm.tree.blocks() if hasattr(bm, "tree") else []
+    shared = set(tree)
+    held = [b for seq in running for b in seq.block_table if b not in shared]
     assert len(held) == len(set(held)), "a block is shared by two live sequences"
-    assert sorted(held + list(bm.free_ids)) == list(range(bm.num_blocks)), "a block leaked"
+    assert sorted(held + tree + list(bm.free_ids)) == list(range(bm.num_blocks)), "a block leaked"
 
 
 def check_idle(llm):

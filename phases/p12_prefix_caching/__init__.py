@@ -1,0 +1,9 @@
+"""Prefix caching: written KV blocks kept in a radix tree over token ids; a request computes only what is not cached."""
+from .async_engine import AsyncLLM
+from .engine import LLM
+from .profiler import profile_decode
+from .router import ParallelLLM
+from .served import ServedLLM
+from .server import build_app
+
+__all__ = ["AsyncLLM", "LLM", "ParallelLLM", "ServedLLM", "build_app", "profile_decode"]
