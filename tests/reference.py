@@ -3,12 +3,23 @@
 Computed lazily and cached for the whole pytest session (functools.cache), so the phase suites
 (tests/p01_.../, tests/p02_.../, ...) all compare their engines to the same ids without
 recomputing them. conftest.py exposes these as fixtures.
+
+The HF ids are also kept in a file under .pytest_cache/hf_reference/, named by a digest of
+everything they depend on (the preset's config and weights file, the prompts, REF_NEW_TOKENS,
+the torch and transformers versions, the common/ code that builds and runs the HF model), so a
+later session on the same inputs reads them instead of running HF again. `make test-all` always
+recomputes them (and rewrites the file).
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from functools import cache
+from pathlib import Path
 
 import torch
+import transformers
 
 from common.hf_reference import build_hf_model, hf_greedy
 from common.loader import resolve
@@ -92,17 +103,48 @@ def prompts_for(preset: str) -> list[list[int]]:
     return [list(p) for p in prompts]
 
 
-@cache
-def _hf_reference(preset: str) -> tuple[tuple[int, ...], ...]:
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".pytest_cache" / "hf_reference"
+HF_CODE = ("hf_reference.py", "loader.py", "weights.py", "presets.py", "model_config.py", "smollm2.py")
+
+
+def reference_key(preset: str) -> str:
+    """A digest of what HF's greedy ids for `preset` depend on (see the module docstring)."""
+    source = resolve(preset)
+    weights = sorted(source.hf_dir.glob("*.safetensors")) if source.hf_dir else []
+    inputs = {"preset": preset, "config": source.hf_config.to_json_string(), "seed": source.seed,
+              "weights": [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in weights],
+              "prompts": prompts_for(preset), "new_tokens": REF_NEW_TOKENS,
+              "versions": [torch.__version__, transformers.__version__],
+              "code": [hashlib.sha256((ROOT / "common" / f).read_bytes()).hexdigest() for f in HF_CODE]}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _compute(preset: str) -> list[list[int]]:
     model = build_hf_model(resolve(preset), "cpu", torch.float32)
     out = hf_greedy(model, prompts_for(preset), REF_NEW_TOKENS)
     del model
+    return out
+
+
+@cache
+def _hf_reference(preset: str, recompute: bool = False) -> tuple[tuple[int, ...], ...]:
+    path = CACHE / f"{preset}-{reference_key(preset)}.json"
+    if path.is_file() and not recompute:
+        out = json.loads(path.read_text())
+    else:
+        out = _compute(preset)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")        # whole or absent, never half written
+        tmp.write_text(json.dumps(out))
+        tmp.replace(path)
     return tuple(tuple(ids) for ids in out)
 
 
-def hf_reference(preset: str) -> list[list[int]]:
+def hf_reference(preset: str, recompute: bool = False) -> list[list[int]]:
     """HF greedy ids (fp32, CPU, REF_NEW_TOKENS new tokens, EOS ignored) for prompts_for(preset);
-    computed once per session per preset."""
+    computed once per session per preset, or read from the file an earlier session left on the
+    same inputs unless `recompute`."""
     if preset not in REF_PRESETS:
         raise ValueError(f"no reference for {preset!r}; choose one of {REF_PRESETS}")
-    return [list(ids) for ids in _hf_reference(preset)]
+    return [list(ids) for ids in _hf_reference(preset, recompute)]

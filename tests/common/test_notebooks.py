@@ -1,10 +1,17 @@
-"""Every notebook runs headless, top to bottom, against the committed results/ (common.notebooks)."""
+"""Every notebook runs headless, top to bottom, against the committed results/ (common.notebooks).
+
+`make test-all` runs each notebook in a kernel of its own, as `make results` does. `make test`
+runs the notebooks it has to run one after another in one kernel, the kernel's namespace reset
+and its figures closed before each: the same cells, without a kernel start and the imports
+(torch among them) per notebook."""
 import hashlib
 import re
 import shutil
 
 import nbformat
 import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 from common import notebooks
 from tests import selection
@@ -29,26 +36,87 @@ def inputs_digest(path) -> str:
     return digest.hexdigest()
 
 
+def stamped(path) -> bool:
+    stamp = STAMPS / f"{path.stem}.sha256"
+    return stamp.is_file() and stamp.read_text() == inputs_digest(path)
+
+
+def errors_of(nb) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+
+
+# Before each notebook in the shared kernel: a namespace as a fresh kernel's, no figure left open,
+# the repository root as working directory and the notebook's own figures folder.
+FRESH = "_FRESH_NAMES = set(globals()) | {'_FRESH_NAMES'}"
+RESET = """for _name in set(globals()) - _FRESH_NAMES:
+    del globals()[_name]
+import os as _os, matplotlib.pyplot as _plt
+_plt.close("all")
+_os.chdir({root!r})
+_os.environ["MINI_INFER_FIGURES"] = {figures!r}
+del _os, _plt"""
+
+
+def run_in_one_kernel(paths, folder) -> dict:
+    """Run copies (in `folder`) of these notebooks one after another in one kernel; returns
+    {path: the executed copy, or the CellExecutionError that stopped it}."""
+    results = {}
+    if not paths:
+        return results
+    client = NotebookClient(nbformat.v4.new_notebook(), timeout=notebooks.CELL_TIMEOUT_S,
+                            kernel_name=notebooks.kernel_name(), record_timing=False,
+                            resources={"metadata": {"path": str(notebooks.ROOT)}})
+
+    def run_own_cell(source: str):
+        client.nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+        client.execute_cell(client.nb.cells[0], 0, store_history=False)
+
+    with client.setup_kernel(cwd=str(notebooks.ROOT), env=notebooks.kernel_env()):
+        run_own_cell(FRESH)
+        for path in paths:
+            run_own_cell(RESET.format(root=str(notebooks.ROOT), figures=str(folder / "figures" / path.stem)))
+            client.nb = copy = nbformat.read(shutil.copy(path, folder / path.name), as_version=4)
+            try:
+                for index, cell in enumerate(copy.cells):
+                    client.execute_cell(cell, index)
+                results[path] = copy
+            except CellExecutionError as e:
+                results[path] = e
+    return results
+
+
+@pytest.fixture(scope="module")
+def one_kernel_runs(tmp_path_factory, request):
+    """The notebooks `make test` has to run (selected, and no stamp for their inputs), run in one kernel."""
+    if selection.run_all(request.config):
+        return {}
+    chosen = {item.callspec.params["path"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_notebook_executes"}
+    return run_in_one_kernel([p for p in NOTEBOOKS if p in chosen and not stamped(p)],
+                             tmp_path_factory.mktemp("notebooks"))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path, monkeypatch, request):
+def test_notebook_executes(path, tmp_path, monkeypatch, request, one_kernel_runs):
     """Run a copy (the committed notebook keeps its stored outputs); cwd is the repo root, and its
-    figures go to tmp_path (the committed PNGs stay as the last deliberate run left them).
+    figures go to a temporary folder (the committed PNGs stay as the last deliberate run left them).
 
     A notebook runs once per change of what it runs on (inputs_digest): after a clean run its
     digest is stamped under .pytest_cache/, and `make test` skips it (saying so) while the digest
-    is the same; `make test-all` runs it regardless. A fresh clone (CI) has no stamps, so it runs
-    every notebook: measured at 3d7514a + this change, the ten notebooks take about 75 s of CPU
-    (a kernel start, the imports and the figures each; 4.4 min wall on 2 cores shared with other
-    jobs), which a fresh clone can afford; a developer's repeated `make test` need not pay it."""
+    is the same; `make test-all` runs it regardless, in a kernel of its own. A fresh clone (CI) has
+    no stamps, so `make test` runs every notebook there, all in one kernel (the module docstring)."""
     digest, stamp = inputs_digest(path), STAMPS / f"{path.stem}.sha256"
-    if not selection.run_all(request.config) and stamp.is_file() and stamp.read_text() == digest:
+    if selection.run_all(request.config):
+        monkeypatch.setenv("MINI_INFER_FIGURES", str(tmp_path / "figures"))
+        nb = nbformat.read(notebooks.execute(shutil.copy(path, tmp_path / path.name)), as_version=4)
+    elif path not in one_kernel_runs:
         pytest.skip(f"executed cleanly on these inputs before (stamp {stamp.relative_to(notebooks.ROOT)})")
-    monkeypatch.setenv("MINI_INFER_FIGURES", str(tmp_path / "figures"))
-    copy = shutil.copy(path, tmp_path / path.name)
-    notebooks.execute(copy)
-    nb = nbformat.read(copy, as_version=4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
+    elif isinstance(one_kernel_runs[path], CellExecutionError):
+        pytest.fail(f"{path.name} failed:\n{one_kernel_runs[path]}")
+    else:
+        nb = one_kernel_runs[path]
+    assert not errors_of(nb)
+    assert sum(bool(c.outputs) for c in nb.cells if c.cell_type == "code") > 0
     STAMPS.mkdir(parents=True, exist_ok=True)
     stamp.write_text(digest)
 
