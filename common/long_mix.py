@@ -22,7 +22,6 @@ A/A control.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import random
@@ -34,8 +33,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import bench, stats
-from .device import check_device, default_device, default_dtype, device_name, parse_dtype, synchronize
+from . import bench, runner_args, stats
+from .device import device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
 from .report import engine_label, short_sha, table
@@ -307,23 +306,8 @@ def main(argv=None, part: str | None = None, make_command: str | None = None) ->
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--phase", required=True, help="results folder, e.g. p11_chunked_prefill")
-    p.add_argument("--presets", default="llama-1b", help="comma-separated presets")
-    p.add_argument("--engines", required=True, help="comma-separated phase engines with their options: "
-                   "\"p10,p10#2,p11 max_num_batched_tokens=2048\"")
-    p.add_argument("--scale", choices=["full", "small"], default="full")
-    p.add_argument("--repeats", type=int, default=None, help="rounds of every engine (default 3)")
-    p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
-    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--out", default=None, help=f"result file (default results/<phase>/{WORKLOAD}-<device>.json)")
-    args = p.parse_args(argv)
-    args.device = check_device(args.device or default_device())
-    args.dtype = args.dtype or default_dtype(args.device)
-    args.presets, args.engines = args.presets.split(","), args.engines.split(",")
-    if args.repeats is not None and args.repeats < 1:
-        p.error(f"--repeats must be positive, got {args.repeats}")
-    return args
+    p = runner_args.parser(__doc__, "p11_chunked_prefill", "p10,p10#2,p11 max_num_batched_tokens=2048", WORKLOAD)
+    return runner_args.finish(p, argv)
 
 
 if __name__ == "__main__":

@@ -53,9 +53,13 @@ WORKLOADS = {
     "concurrency": ("output_tok_s", "output tok/s", {"itl_ms_p50": "ms/step (ITL p50)"}),
     # steady decodes plus long prompts (common.long_mix); its own tables come from common.long_mix
     "long-mix": ("itl_p99_ms", "inter-token gap p99 (ratio: the baseline's gap over this one's)", {}),
+    # requests sharing a system prompt (common.shared_prefix); its own tables come from common.shared_prefix
+    "shared-prefix": ("ttft_p50_ms", "TTFT p50 (ratio: the baseline's over this one's)",
+                      {"output_tok_s": "output tok/s", "hit_rate": "hit rate", "ideal_hit_rate": "ideal hit rate"}),
 }
 CAPTIONS = {"latency": "batch-1 latency, greedy decode", "offline": "offline throughput, all requests at once",
-            "concurrency": "throughput at fixed concurrency (c requests in flight, identical lengths)"}
+            "concurrency": "throughput at fixed concurrency (c requests in flight, identical lengths)",
+            "shared-prefix": "128 requests sharing a 4k-token system prompt, the cache cleared before every sample"}
 RATIO_NOTE = ("ratios per repeat pair of one run: median (min–max); *noise* unless the whole range lies beyond "
               "both 1.0 and the run's A/A range (the baseline built twice; \"no A/A\": a run without that "
               "control, judged against 1.0 alone)")
@@ -415,6 +419,8 @@ HEADLINES = {
     "p10_review": ("concurrency", "llama-1b", {"concurrency": 64}, "p10", "p09", H200),
     # p11: the inter-token gap's tail with long prompts arriving, at the default token budget
     "p11_chunked_prefill": ("long-mix", "llama-1b", {}, "p11 max_num_batched_tokens=2048", "p10", H200),
+    # p12: the first token of requests whose system prompt an earlier request left in the cache
+    "p12_prefix_caching": ("shared-prefix", "llama-1b", {}, "p12", "p11", H200),
 }
 
 

@@ -1,10 +1,15 @@
-"""The phase's bench set: long-mix over a sweep of token budgets, and the standard workloads,
-each with the previous phase built twice (the A/A control). And ServedLLM, inherited: it gives
-the offline engine's tokens and dies with its parent."""
+"""The phase's bench set: shared-prefix with its no-sharing control, multi-turn, the chat, and
+the standard workloads, each with the previous phase built twice (the A/A control); the
+workload generator's requests and its ideal hit rate. And ServedLLM, inherited: it gives the
+offline engine's tokens and dies with its parent."""
 import importlib
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
-from common import long_mix
+from common import shared_prefix
 from common.bench import engine_name, parse_engine_options
+from common.results import read_records
 from tests.suites.served import *  # noqa: F401,F403 - ServedLLM's tests and fixtures, collected here
 
 PHASE = "p12_prefix_caching"
@@ -13,7 +18,7 @@ EngineConfig = importlib.import_module(f"phases.{PHASE}.config").EngineConfig
 
 
 def engines_of(part) -> list[str]:
-    """The engine specs of a part: a long-mix part's closure, or common.bench's argument lists."""
+    """The engine specs of a part: a shared-prefix part's closure, or common.bench's argument lists."""
     if callable(part):
         return part.engines
     [run] = part
@@ -24,36 +29,67 @@ def test_every_part_carries_the_aa_control_and_this_engine():
     for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
         for name, part in parts.items():
             engines = engines_of(part)
-            assert engines[:2] == ["p10", "p10#2"], name
-            assert any(engine_name(e) == "p11" for e in engines), name
+            assert engines[:2] == ["p11", "p11#2"], name
+            assert "p12" in engines, name
 
 
-def test_long_mix_sweeps_the_budget_up_to_no_chunking():
-    budgets = [parse_engine_options(",".join(e.split()[1:])).get("max_num_batched_tokens")
-               for e in engines_of(bench.GPU_PARTS["long-mix"])]
-    assert {512, 1024, 2048, 4096, 8192, 16384} <= set(budgets)
-    assert 16384 > long_mix.MIXES["llama-1b", "full"].long_hi + long_mix.MIXES["llama-1b", "full"].streams
-    assert set(bench.CPU_PARTS) == {"long-mix", "offline", "concurrency"}
-    assert {"long-mix", "long-mix-8b", "offline", "concurrency", "concurrency-8b"} == set(bench.GPU_PARTS)
+def test_the_parts_measure_the_goals_workloads():
+    """shared-prefix with its control on llama-1b and llama-8b, multi-turn, the cache-off
+    ablation beside the 1b run; on the CPU the same at small scale, and the chat on SmolLM2."""
+    gpu, cpu = bench.GPU_PARTS, bench.CPU_PARTS
+    assert (gpu["shared-prefix"].preset, gpu["shared-prefix-8b"].preset) == ("llama-1b", "llama-8b")
+    for part in (gpu["shared-prefix"], gpu["shared-prefix-8b"], cpu["shared-prefix"]):
+        assert part.workloads == ["shared-prefix", "no-sharing"]
+    assert gpu["multi-turn"].workloads == ["multi-turn"] and cpu["chat"].preset == "smollm2-135m"
+    assert "p12 enable_prefix_caching=0" in gpu["shared-prefix"].engines and "p12 enable_prefix_caching=0" in cpu["chat"].engines
 
 
 def test_every_engine_spec_is_a_valid_config():
-    """Budgets below the default max_num_seqs come with fewer seats (the config checks it)."""
     for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
         for part in parts.values():
             for spec in engines_of(part):
-                if engine_name(spec) == "p11":
+                if engine_name(spec) == "p12":
                     EngineConfig(model="tiny-llama", device="cpu", **parse_engine_options(",".join(spec.split()[1:])))
 
 
-def test_readme_long_mix_lines_are_generated():
-    """The README's long-mix headline and table are what `python -m common.long_mix readme` writes now."""
-    import re
-    from pathlib import Path
+def test_workloads_have_the_asked_shapes():
+    """128 requests on one 4,096-token system prompt, suffixes block-aligned and not; the control
+    shares nothing; 32 sessions x 4 turns."""
+    chats = shared_prefix.WORKLOADS["shared-prefix", "full"]
+    prompts = chats.beginnings()
+    assert len(prompts) == 128 and len({tuple(p[:4096]) for p in prompts}) == 1
+    assert len({tuple(p[4096:]) for p in prompts}) == 128
+    aligned = [(len(p) - 4096) % shared_prefix.BLOCK == 0 for p in prompts]
+    assert all(aligned[::2]) and not any(aligned[1::2])
+    control = shared_prefix.WORKLOADS["no-sharing", "full"].beginnings()
+    assert [len(p) for p in control] == [len(p) for p in prompts]
+    assert len({tuple(p[:shared_prefix.BLOCK]) for p in control}) == 128
+    turns = shared_prefix.WORKLOADS["multi-turn", "full"]
+    assert (turns.sessions, turns.turns, len(turns.messages()[0])) == (32, 4, 3)
 
-    from common.results import read_records
+
+def fake_output(prompt, answer, arrival):
+    return SimpleNamespace(prompt_token_ids=prompt, token_ids=answer, arrival_time=arrival)
+
+
+def test_ideal_hit_rate_counts_full_blocks_of_earlier_requests_never_the_last_token():
+    """Block size 4. The first request finds nothing; the second shares 9 tokens with it (2 full
+    blocks); the third is the first's prompt and answer plus more (its answer's last token was
+    never computed: 12 + 3 = 15 tokens are known, 3 full blocks); the fourth
+    equals the first (12 tokens, 3 blocks, but its last token is computed: 2 blocks)."""
+    first = list(range(12))
+    outs = [fake_output(first, [90, 91, 92, 93], 0), fake_output(first[:9] + [50, 51, 52], [1], 1),
+            fake_output(first + [90, 91, 92, 93, 7, 8], [1], 2), fake_output(first, [1], 3)]
+    hits = 0 + 2 * 4 + 3 * 4 + 2 * 4
+    assert shared_prefix.ideal_hit_rate(outs, block_size=4) == hits / (12 + 12 + 18 + 12)
+
+
+def test_readme_shared_prefix_lines_are_generated():
+    """The README's shared-prefix headline and table are what `python -m common.shared_prefix
+    readme` writes now."""
     text = (Path(__file__).resolve().parents[2] / "phases" / PHASE / "README.md").read_text()
     records = read_records(PHASE)
-    for name, body in (("headline", long_mix.headline(records, PHASE)), ("table", long_mix.results_table(records))):
-        m = re.search(rf"<!-- long-mix:{name} -->\n(.*?)\n<!-- /long-mix:{name} -->", text, re.S)
-        assert m and m.group(1) == body, f"README long-mix {name} is stale: run python -m common.long_mix readme {PHASE}"
+    for name, body in (("headline", shared_prefix.headline(records, PHASE)), ("chat", shared_prefix.chat_line(records, PHASE)),
+                       ("table", shared_prefix.results_table(records, PHASE))):
+        m = re.search(rf"<!-- shared-prefix:{name} -->\n(.*?)\n<!-- /shared-prefix:{name} -->", text, re.S)
+        assert m and m.group(1) == body, f"README {name} is stale: run python -m common.shared_prefix readme {PHASE}"
