@@ -26,7 +26,8 @@ Prefix caching: a waiting sequence starts with the longest prefix of its tokens 
 cached (block_manager.py) and computes only the rest, all of it or in chunks as above. Admission
 is cache-aware: among waiting sequences of one priority, the longest cached prefix goes first
 (cheap to admit, and its blocks might be evicted while it waits), except that one passed over
-MAX_OVERTAKES times goes in arrival order: a request that hits nothing is never starved.
+MAX_OVERTAKES times goes in arrival order: a request that hits nothing is never starved. One whose
+next block another sequence computes in this very step waits a step and reads it then.
 After each step, written() hands the blocks the step filled to the cache.
 """
 from __future__ import annotations
@@ -148,6 +149,8 @@ class Scheduler:
                 self.block_manager.allocate(seq, self.swapped_blocks.pop(seq.seq_id))
                 self.swapped.remove(seq)
                 plan.swap_in.append((seq, list(seq.block_table)))
+            elif self._waits_for_prefix(seq, plan):
+                continue                      # it reads that prefix next step instead of computing it
             elif not self._admit(seq, plan):
                 return
             seq.status = Status.RUNNING
@@ -161,6 +164,22 @@ class Scheduler:
             hit = 0 if due else len(self.block_manager.match(seq))
             return seq.priority, not due, -hit, seq.seq_id
         return sorted(self.swapped + self.waiting, key=key)
+
+    def _waits_for_prefix(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Does a sequence of this step compute the block after seq's cached prefix, the same
+        tokens after the same prefix? Then seq waits: the tree has that block after the step
+        (SGLang's in-batch prefix check). It never waits long: the other one is computing."""
+        bm, bs = self.block_manager, self.block_manager.block_size
+        hit, keys = bm.match(seq), seq.block_keys(bs)
+        h = len(hit)
+        if not bm.tree.enabled or (seq.num_tokens - 1) // bs <= h:     # no full block left to read
+            return False
+        for other, n in zip(plan.seqs, plan.num_new_tokens):   # it writes positions [computed - n, computed)
+            writes_block = other.num_computed_tokens - n < (h + 1) * bs and h * bs < other.num_computed_tokens
+            same_tokens = other.block_keys(bs)[h:h + 1] == keys[h:h + 1] and bm.owners[other.seq_id][:h] == hit
+            if writes_block and same_tokens:
+                return True
+        return False
 
     def _admit(self, seq: Sequence, plan: StepPlan) -> bool:
         """A waiting sequence: its cached prefix, then blocks for the rest of its tokens or for a
