@@ -69,7 +69,7 @@ def compare(preset: str, args, works: list, hw: dict, run: dict, out: Path) -> l
                         sample = take_sample(engine, work, args.device)
                     samples[name, i].append({"repeat": rep, **sample})
             records = [record(name, preset, args, works[i], samples[name, i], hw, run, resident.get(name))
-                       for name in engines for i in range(len(works))]
+                       | engine_facts(engines[name]) for name in engines for i in range(len(works))]
             write_records(out, with_aa(records))
         return records
     finally:
@@ -227,6 +227,13 @@ def record(name, preset, args, work_setting, samples, hw, run, resident_gib) -> 
             "repeats": len(samples), "metrics": metrics, "spread": spread, "samples": samples, "hardware": hw,
             "noise_control": {"gc_frozen": args.noise_control != "off", "cpus": run.get("cpus")},
             "provenance": provenance(device_name(args.device)) | {"make_command": run["make_command"]}}
+
+
+def engine_facts(engine) -> dict:
+    """What an engine reports of its own start-up (a CUDA-graph engine: its buckets, capture
+    seconds and graph memory), under "engine_facts"; nothing for engines that report nothing."""
+    facts = getattr(engine, "graph_stats", None)
+    return {"engine_facts": facts} if facts else {}
 
 
 def main_metric(workload: str) -> str:

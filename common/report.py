@@ -421,6 +421,11 @@ HEADLINES = {
     "p11_chunked_prefill": ("long-mix", "llama-1b", {}, "p11 max_num_batched_tokens=2048", "p10", H200),
     # p12: the first token of requests whose system prompt an earlier request left in the cache
     "p12_prefix_caching": ("shared-prefix", "llama-1b", {}, "p12", "p11", H200),
+    # p13: batch-1 decode, drafts kept with chance 0.8 per token, k = 4 (a scripted proposer; host-bound engine)
+    "p13_speculative_decoding": ("latency", "llama-8b", {"batch": 1},
+                                 "p13 speculative=scripted num_speculative_tokens=4 scripted_acceptance=0.8", "p12", H200),
+    # p14: batch 1, where every step was the host's launch time
+    "p14_cuda_graphs": ("latency", "llama-1b", {"batch": 1}, "p14", "p13", H200),
 }
 
 
@@ -665,6 +670,39 @@ def aa_noise_table(records: list[dict], history: list[dict], phase: str) -> str:
     return "\n".join(rows)
 
 
+# --- the peer engine beside this phase (common.peer): absolute numbers, same machine start ----------
+PEER = "nano-vllm"
+PEER_ROWS = [("latency", {"batch": 1}), ("concurrency", {"concurrency": 64}), ("offline", {})]
+
+
+def peer_table(records: list[dict], phase: str) -> str:
+    """Per preset and workload: this phase's engine (newest record) and the peer's (newest), each
+    median (min-max) of its own repeats. Not a ratio with an A/A range: the two ran in separate
+    processes; the table says which machine start (the UTC dates) each came from."""
+    mine = phase_engine(phase)
+    rows, used = [], []
+    for preset in order_presets({r["preset"] for r in select(records, phase=phase, engine=PEER)}):
+        for workload, setting in PEER_ROWS:
+            key = WORKLOADS[workload][0]
+            ours = newest([r for r in select(records, phase=phase, preset=preset, workload=workload, engine=mine)
+                           if _workload_setting(r) == setting])
+            peer = newest([r for r in select(records, phase=phase, preset=preset, workload=workload, engine=PEER)
+                           if _workload_setting(r) == setting])
+            used += [r for r in (ours, peer) if r]
+            rows.append([preset, f"{workload} {' '.join(f'{k}={v}' for k, v in setting.items())}".strip(),
+                         WORKLOADS[workload][1], spread_cell(ours, key), spread_cell(peer, key)])
+    if not rows:
+        return f"_No peer run yet: `make phase-{phase[1:3]} bench PART=nano-vllm` on a GPU, then `make results`._"
+    return table(["preset", "workload", "metric", mine, PEER], rows) + "\n\n" + provenance_line(used)
+
+
+def spread_cell(rec: dict | None, key: str) -> str:
+    if metric(rec, key) is None:
+        return "–"
+    lo, hi = rec.get("spread", {}).get(key, [None, None])
+    return f"{fmt(key, metric(rec, key))} ({fmt(key, lo)}–{fmt(key, hi)})"
+
+
 # --- README rewriting ---------------------------------------------------------------------------
 def build(name: str, phase: str | None, records: list[dict], history: list[dict] = (),
           unreadable: list = ()) -> str | None:
@@ -683,6 +721,8 @@ def build_body(name: str, phase: str | None, records: list[dict], history: list[
         return aa_noise_table(records, list(history), phase)
     if phase and name == "profile":
         return profile_tables(records, phase)
+    if phase and name == "peer":
+        return peer_table(records, phase)
     if phase and name == "before-after":
         return before_after_all(records, phase)
     if phase and name.startswith("before-after-") and name[len("before-after-"):] in WORKLOADS:
