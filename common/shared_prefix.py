@@ -271,16 +271,17 @@ def summary(records: list[dict], phase: str, device: str, preset: str) -> str:
     shared, control = (newest_run(records, device, preset, w) for w in ("shared-prefix", "no-sharing"))
     mine, base, twin = roles(shared, phase)
     m, b = mine["metrics"], base["metrics"]
-    text = (f"**TTFT p50 {versus(mine, base, twin, 'ttft_p50_ms')} lower, output tok/s "
-            f"{versus(mine, base, twin, 'output_tok_s')} higher** than {base['engine']} on shared-prefix "
-            f"({preset}, {device}; TTFT p50 {m['ttft_p50_ms']:,.0f} vs {b['ttft_p50_ms']:,.0f} ms; hit rate "
-            f"{m['hit_rate']:.1%}, ideal {m['ideal_hit_rate']:.1%})")
+    text = (f"**{mine['engine']} over {base['engine']} on shared-prefix: TTFT p50 {versus(mine, base, twin, 'ttft_p50_ms')}, "
+            f"output tok/s {versus(mine, base, twin, 'output_tok_s')}** ({preset}, {device}; TTFT p50 "
+            f"{m['ttft_p50_ms']:,.0f} vs {b['ttft_p50_ms']:,.0f} ms; hit rate {m['hit_rate']:.1%}, ideal "
+            f"{m['ideal_hit_rate']:.1%})")
     if control:
         c, cb, ct = roles(control, phase)
         text += (f"; no-sharing control: TTFT p50 {versus(c, cb, ct, 'ttft_p50_ms')}, output tok/s "
                  f"{versus(c, cb, ct, 'output_tok_s')}")
-    text += (f" (speed ratios over {base['engine']} per repeat pair, judged against {base['engine']}{stats.TWIN} "
-             f"over {base['engine']} on the same metric; git {short_sha(mine['provenance']['git_sha'])}).")
+    text += (f" (speed ratios per repeat pair, above 1: {mine['engine']} faster; judged against "
+             f"{base['engine']}{stats.TWIN} over {base['engine']} on the same metric; git "
+             f"{short_sha(mine['provenance']['git_sha'])}).")
     return text + (f"\n\n**A/A:** {base['engine']} built twice in the same run, {base['engine']}{stats.TWIN} over "
                    f"{base['engine']} on shared-prefix: TTFT p50 {aa_text(twin, base, 'ttft_p50_ms')}, output "
                    f"tok/s {aa_text(twin, base, 'output_tok_s')}.")

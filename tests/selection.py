@@ -17,6 +17,9 @@ so does every test that a phase's own file defines (only functions defined in te
 selected). A marker can name files too (MARKED): a test carrying it runs only in phases whose copy
 of those files differs from the previous phase's, whatever suite it belongs to.
 
+A test marked @pytest.mark.slow (a variant of a check that a faster test of the same function
+already makes in `make test`) runs only in `make test-all`.
+
 `make test-all` (pytest --all-phases, or MINI_INFER_TEST_ALL=1) runs every test in every phase.
 Declaring a new suite is one line in SUITES, e.g.
 
@@ -44,11 +47,15 @@ class Suite:
 
 
 # The files a suite's tests check, not every file its engine passes through: the smoke subsets
-# drive the whole engine anyway, and the correctness suite (ALL) holds every phase to HF's
-# greedy tokens on the real model. Names in `smoke` are checked by tests/test_selection.py.
+# drive the whole engine anyway, and the correctness suite holds every phase to HF's greedy
+# tokens on the real model (its smoke too). Names in `smoke` are checked by tests/test_selection.py.
 SUITES: dict[str, Suite] = {
-    # every phase: greedy exact match against HF on the real model, in full
-    "correctness": Suite(ALL, smoke=()),
+    # greedy exact match against HF, in full where the files that compute the tokens changed; the
+    # smoke holds every other phase to HF's greedy ids on the real model (the whole prompt set in
+    # one batch, a shorter run), so the rest of the engine is driven too
+    "correctness": Suite(("model.py", "layers.py", "attention.py", "attention_backends.py", "triton_decode.py",
+                          "kv_cache.py", "model_runner.py", "sampler.py"),
+                         smoke=("test_real_model_matches_hf_prefix",)),
     # the checks are common/requests.py's and config.py's; the engine's part, calling them before
     # any work, is what the smoke's test_bad_request_in_batch_does_no_work checks in every phase
     "bad_input": Suite(("config.py",),
@@ -69,10 +76,14 @@ SUITES: dict[str, Suite] = {
     "profile": Suite(("profiler.py", "__main__.py"), smoke=("test_summary_has_every_stage_and_sane_numbers",)),
     "vectorized_gather": Suite(("kv_cache.py", "model_runner.py", "attention.py"),
                                smoke=("test_gather_equals_a_per_sequence_reference",)),
-    # its one test is the smoke: every phase from p05 on starts its own replicas once
-    "replicas": Suite(("router.py", "worker.py", "worker_pool.py"), smoke=("test_replicas_give_the_in_process_tokens",)),
-    # the smoke starts no process: the replicas suite above drives the phase's workers end to end
-    "parallel_faults": Suite(("router.py", "worker.py", "worker_pool.py", "pipeline.py"),
+    # its two tests are the smoke: every phase from p05 on starts its own replicas and its own
+    # pipeline once (a pipeline's steps follow the phase's scheduler, whatever files it changes)
+    "replicas": Suite(("router.py", "worker.py", "worker_pool.py", "pipeline.py"),
+                      smoke=("test_replicas_give_the_in_process_tokens", "test_pipeline_gives_the_in_process_tokens")),
+    # faults are the pool's and the router's (call ids, aborts, dead workers); pipeline.py describes
+    # steps, which the replicas suite's pipeline test above checks in every phase. The smoke starts
+    # no process: the replicas suite drives the phase's workers end to end
+    "parallel_faults": Suite(("router.py", "worker.py", "worker_pool.py"),
                              smoke=("test_LLM_points_at_ParallelLLM_and_starts_no_process",
                                     "test_the_bench_builds_ParallelLLM_for_a_parallel_mode")),
     "server": Suite(("server.py", "async_engine.py", "engine_loop.py", "openai_protocol.py", "metrics.py", "serve.py",
@@ -88,6 +99,8 @@ SUITES: dict[str, Suite] = {
 MARKED: dict[str, tuple[str, ...]] = {
     "worker_code": ("worker.py", "worker_pool.py"),    # processes spawned, killed, left to die
 }
+
+SLOW = "slow"                                   # a marker: only in make test-all
 
 SUITE_IMPORT = re.compile(r"^from tests\.suites\.(\w+) import", re.M)
 
@@ -155,6 +168,8 @@ def suite_of(item) -> str | None:
 
 def selected(item, root: Path = ROOT) -> bool:
     """Whether `make test` runs this collected test (see the module docstring)."""
+    if item.get_closest_marker(SLOW) is not None:
+        return False
     phase = getattr(getattr(item, "module", None), "PHASE", None)
     if phase is None:
         return True

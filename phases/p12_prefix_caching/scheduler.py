@@ -137,7 +137,7 @@ class Scheduler:
         plan.compute(seq, n)
 
     def _resume_and_admit(self, plan: StepPlan) -> None:
-        """Swapped and waiting sequences in rank order, while seats, tokens and blocks last.
+        """Swapped and waiting sequences in admission order, while seats, tokens and blocks last.
         A resumed sequence computes nothing this step (its K/V is copied back); it runs next."""
         for seq in self._admission_order():
             if len(self.running) >= self.max_num_seqs:

@@ -123,6 +123,19 @@ def test_two_requests_computing_one_prefix_in_one_step_keep_one_copy(monkeypatch
     check_idle(llm)
 
 
+@pytest.mark.timeout(240)
+def test_pipeline_groups_computing_one_prefix_give_the_previous_tokens():
+    """The pipeline's two micro-batch groups schedule apart over one block manager: prompts with
+    one beginning land in both groups and compute it at once; each group's caching keeps one copy
+    and the other reads it. The previous phase's tokens."""
+    ParallelLLM = importlib.import_module(f"phases.{PHASE}").ParallelLLM
+    options = dict(block_size=BLOCK, max_num_batched_tokens=16, max_num_seqs=4, cpu_kv_cache_bytes=1 << 21)
+    prompts = [PROMPT + [100 + i] * (i + 1) for i in range(5)]
+    with ParallelLLM("tiny-llama", device="cpu", dtype="float32", parallel="pipeline", world_size=2, **options) as llm:
+        outs = llm.generate(prompts, greedy(6))
+    assert [o.token_ids for o in outs] == reference(prompts, greedy(6), **options)
+
+
 @pytest.mark.parametrize("length", [16, 18, 4, 1])
 def test_a_fully_cached_prompt_still_computes_its_last_token(length):
     """Run a prompt twice. The second time every full block but one holding its last token is
