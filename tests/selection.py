@@ -93,6 +93,10 @@ SUITES: dict[str, Suite] = {
     "served": Suite(("served.py", "serve.py", "server.py", "async_engine.py", "engine_loop.py", "worker.py",
                      "worker_pool.py"),
                     smoke=("test_served_engine_gives_the_offline_tokens",)),
+    # the verify, rollback and proposers; the smoke drafts through the engine and the prefix cache
+    "speculative_decoding": Suite(("speculator.py", "proposers.py", "draft_proposer.py", "sampler.py", "engine.py",
+                                   "block_manager.py", "sequence.py", "model_runner.py"),
+                                  smoke=("test_refused_draft_at_each_position", "test_drafts_never_enter_the_prefix_cache")),
 }
 
 # A test with one of these markers runs only where these files changed from the previous phase.

@@ -1,0 +1,81 @@
+"""The phase's bench set: acceptance on the real model (CPU) and the speed sweep at a scripted
+acceptance (H200), each with the previous phase built twice (the A/A control); the scripted
+proposer's drafts; the runner end to end at tiny scale; the README's tables generated. And
+ServedLLM, inherited: it gives the offline engine's tokens and dies with its parent."""
+import importlib
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from common import spec_decode
+from common.bench import engine_name, parse_engine_options
+from common.results import read_records
+from tests.suites.served import *  # noqa: F401,F403 - ServedLLM's tests and fixtures, collected here
+
+PHASE = "p13_speculative_decoding"
+bench = importlib.import_module(f"phases.{PHASE}.bench")
+EngineConfig = importlib.import_module(f"phases.{PHASE}.config").EngineConfig
+
+
+def test_every_part_carries_the_aa_control_and_this_engine():
+    for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
+        for name, part in parts.items():
+            assert part.engines[:2] == ["p12", "p12#2"], name
+            assert any(engine_name(e) == "p13" for e in part.engines), name
+
+
+def test_the_parts_measure_the_goals_settings():
+    """Batches 1, 4, 16, 64 on llama-8b, acceptance 0.3 to 0.95 and k = 2, 4, 8 (64: the switch
+    against speculating anyway); acceptance on the real model on the CPU."""
+    gpu = bench.GPU_PARTS
+    assert set(gpu) == {"speed-1", "speed-4", "speed-16", "speed-64"}
+    assert all(part.preset == "llama-8b" for part in gpu.values())
+    args = spec_decode.parse_args(["speed", "--phase", PHASE, "--engines", "p12", *gpu["speed-1"].extra])
+    assert (args.batches, args.acceptances, args.ks) == ([1], [0.3, 0.6, 0.8, 0.95], [2, 4, 8])
+    assert "default,64" in gpu["speed-64"].extra
+    assert bench.CPU_PARTS["acceptance"].preset == "smollm2-135m"
+
+
+def test_every_engine_spec_is_a_valid_config():
+    for parts in (bench.GPU_PARTS, bench.CPU_PARTS):
+        for part in parts.values():
+            for spec in part.engines:
+                if engine_name(spec) == "p13":
+                    EngineConfig(model="tiny-llama", device="cpu", **parse_engine_options(",".join(spec.split()[1:])))
+
+
+def test_scripted_proposer_keeps_the_asked_share_of_tokens():
+    truth = list(range(100, 1100))
+    proposer = spec_decode.ScriptedProposer(vocab_size=50_000, acceptance=0.8)
+    proposer.script[(1, 2, 3)] = truth
+    seq = SimpleNamespace(prompt_ids=[1, 2, 3], output_ids=[0] * 5)
+    [draft] = proposer.propose([seq], 4)
+    assert len(draft.token_ids) == 4 and draft.probs is None
+    kept = [d == t for i in range(0, 1000, 4) for d, t in zip(proposer.draft((1, 2, 3), i, 4), truth[i:i + 4])]
+    assert 0.75 < sum(kept) / len(kept) < 0.85
+    assert proposer.draft((1, 2, 3), 7, 4) == proposer.draft((1, 2, 3), 7, 4)       # the same drafts every time
+    assert proposer.draft((9,), 0, 4) == []                                           # no script: no drafts
+
+
+def test_speed_runner_at_tiny_scale(tmp_path, monkeypatch):
+    """p12, its twin and p13 over two scripted settings at batch 1 on tiny-llama: the records carry
+    the measured acceptance, TPOT, and the A/A pair; the drafts kept at 0.95 outnumber those at 0.3."""
+    monkeypatch.setattr(spec_decode, "RESULTS", tmp_path)
+    records = spec_decode.main(["speed", "--phase", PHASE, "--presets", "tiny-llama", "--engines",
+                                "p12,p12#2,p13 speculative=ngram", "--batches", "1", "--acceptances", "0.3,0.95",
+                                "--ks", "4", "--scale", "small", "--repeats", "1", "--device", "cpu"])
+    labels = [spec_decode.spec_label(r) for r in records]
+    assert labels == ["p12", "p12#2 (A/A)", "p13 scripted k=4 α=0.3", "p13 scripted k=4 α=0.95"]
+    low, high = records[2]["metrics"], records[3]["metrics"]
+    assert low["acceptance_rate"] < high["acceptance_rate"] and high["tokens_per_step"] > 2
+    assert all(r["workload"] == "latency" and r["setting"]["batch"] == 1 and "tpot_p50_ms" in r["metrics"] for r in records)
+    assert (tmp_path / PHASE / "speed-cpu.json").is_file()
+
+
+def test_readme_tables_are_generated():
+    """The README's tables are what `python -m common.spec_decode readme` writes now."""
+    text = (Path(__file__).resolve().parents[2] / "phases" / PHASE / "README.md").read_text()
+    records = read_records(PHASE)
+    for name, body in (("acceptance", spec_decode.acceptance_table(records)), ("speed", spec_decode.speed_table(records))):
+        m = re.search(rf"<!-- spec-decode:{name} -->\n(.*?)\n<!-- /spec-decode:{name} -->", text, re.S)
+        assert m and m.group(1) == body, f"README {name} table is stale: run python -m common.spec_decode readme {PHASE}"

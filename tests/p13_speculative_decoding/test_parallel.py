@@ -1,0 +1,4 @@
+"""p13_speculative_decoding: this phase's copy of the replica code (the shared suite tests/suites/replicas.py)."""
+from tests.suites.replicas import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p13_speculative_decoding"

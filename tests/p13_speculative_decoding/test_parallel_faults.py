@@ -1,0 +1,4 @@
+"""p13_speculative_decoding: the engine over worker processes under faults (the shared suite tests/suites/parallel_faults.py)."""
+from tests.suites.parallel_faults import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p13_speculative_decoding"

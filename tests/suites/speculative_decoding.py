@@ -1,0 +1,394 @@
+"""Speculative decoding: drafts verified in one step change nothing about the tokens, and
+rejection sampling gives the target's distribution.
+
+Greedy: the previous phase's tokens on the real SmolLM2 for k = 1, 2, 4, 8 and both proposers
+(prompt lookup, a self-draft); a draft refused at its first, a middle and its last position; EOS,
+a stop string and max_tokens inside a proposal; rollback within a block, across blocks and of
+every draft, with every slot past a sequence's kept length poisoned after each step (a rejected
+draft's K/V is never read, the bonus token's is written before anything reads it); no draft in
+the prefix cache, and what it caches from kept drafts is right; the switch; the counters on
+/metrics.
+
+Sampling: on a vocabulary of 6 tokens, with fixed target logits per position and a draft
+distribution q unlike the target's p (and a deterministic draft, q one-hot), the tokens verify()
+emits over N draws are compared with p by Pearson's chi-square test. Each such test's false-alarm
+rate is ALPHA = 0.001: on a correct sampler it fails once in a thousand seeds (the seeds are
+fixed, so a given run passes or fails for good). A sampler that kept every draft fails it by many
+orders of magnitude (checked below).
+"""
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from common.sampling import SamplingParams
+from common.spec_decode import Draft
+
+BLOCK = 4
+
+
+def engine(phase: str, preset: str = "tiny-llama", **options):
+    LLM = importlib.import_module(f"phases.{phase}").LLM
+    return LLM(preset, device="cpu", dtype="float32", **options)
+
+
+def greedy(n: int = 24, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) if not kw else \
+        SamplingParams(temperature=0, max_tokens=n, **kw)
+
+
+def check_idle(llm):
+    bm = llm.scheduler.block_manager
+    assert not llm.has_unfinished() and llm.generators == {} and llm.requests == {}
+    assert bm.num_free_blocks == bm.num_blocks and not bm.owners
+
+
+class MissAt:
+    """Drafts the target's own greedy continuation (`truth`: prompt -> tokens) with draft position
+    `miss` replaced by a wrong token (None: every draft right)."""
+
+    def __init__(self, truth: dict, miss: int | None, vocab: int):
+        self.truth, self.miss, self.vocab = truth, miss, vocab
+
+    def propose(self, seqs, k):
+        drafts = []
+        for seq in seqs:
+            ids = list(self.truth.get(tuple(seq.prompt_ids), [])[len(seq.output_ids):][:k])
+            if self.miss is not None and self.miss < len(ids):
+                ids[self.miss] = (ids[self.miss] + 1) % self.vocab
+            drafts.append(Draft(ids))
+        return drafts
+
+    def release(self, seq):
+        pass
+
+
+def scripted(phase: str, truth: dict, miss: int | None, k: int, **options):
+    llm = engine(phase, speculative="ngram", num_speculative_tokens=k, block_size=BLOCK, **options)
+    llm.speculator.proposer = MissAt(truth, miss, llm.model_config.vocab_size)
+    return llm
+
+
+def poison_past_length(llm):
+    """After every rollback, a huge finite value in every slot of a sequence's blocks past its kept
+    K/V: a step that read a rejected draft's slot, or the bonus token's before writing it, would
+    see that key outweigh every other (not NaN: the decode path multiplies masked slots by 0)."""
+    rollback, bs = llm.speculator.rollback, llm.cache.block_size
+
+    def poisoned(seq, num_new):
+        rollback(seq, num_new)
+        assert len(seq.block_table) <= -(-seq.num_tokens // bs), "a block past the new length kept"
+        slots = [b * bs + o for b in seq.block_table for o in range(bs)][seq.num_computed_tokens:]
+        for layer in llm.cache.layers:
+            layer.flatten(1, 2)[:, slots] = 1e4
+    llm.speculator.rollback = poisoned
+
+
+@pytest.fixture(scope="module")
+def tiny_prompts(prompts_for):
+    return prompts_for("tiny-llama")[:4]
+
+
+@pytest.fixture(scope="module")
+def previous(request) -> str:
+    return request.module.PREVIOUS
+
+
+@pytest.fixture(scope="module")
+def tiny_truth(phase, tiny_prompts):
+    """Speculation off: the tokens every engine here must give, and the script of the proposers."""
+    outs = engine(phase, block_size=BLOCK).generate(tiny_prompts, greedy())
+    return {tuple(p): o.token_ids for p, o in zip(tiny_prompts, outs)}
+
+
+# --- the real model: the previous phase's tokens -------------------------------------------------
+REAL_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def previous_tokens(previous, real_prompts):
+    return [o.token_ids for o in engine(previous, "smollm2-135m").generate(real_prompts, greedy(REAL_TOKENS))]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_real_model_tokens_equal_previous_phase(phase, proposer, k, real_prompts, previous_tokens):
+    """Every prompt of the reference set (chat, plain, code, non-ASCII, > 512 tokens) in one batch.
+    The self-draft keeps 8 of SmolLM2's 30 layers (cheap here; it rarely agrees, which changes
+    nothing about the tokens)."""
+    options = {"draft_num_layers": 8} if proposer == "draft" else {}
+    llm = engine(phase, "smollm2-135m", speculative=proposer, num_speculative_tokens=k, **options)
+    outs = llm.generate(real_prompts, greedy(REAL_TOKENS))
+    assert [o.token_ids for o in outs] == previous_tokens
+    c = llm.speculator.counters()
+    assert c["spec_decode_num_drafts"] > 0, c
+    assert c["spec_decode_num_accepted_tokens"] > 0 or proposer == "draft", c    # prompt lookup: the chat answers repeat
+    assert c["spec_decode_num_accepted_tokens"] <= c["spec_decode_num_draft_tokens"] <= k * c["spec_decode_num_drafts"]
+    check_idle(llm)
+
+
+# --- where the first refused draft is ------------------------------------------------------------
+@pytest.mark.parametrize("miss", [0, 2, 4, None], ids=["first", "middle", "last", "none"])
+def test_refused_draft_at_each_position(phase, miss, tiny_prompts, tiny_truth):
+    """k = 5 drafts per step: refused at position 0 (all rolled back), 2, 4 (the last), or never
+    (every draft kept, and the bonus token's K/V written by the next step). Tokens unchanged; each
+    verify keeps exactly the drafts before the refused one."""
+    llm = scripted(phase, tiny_truth, miss, k=5)
+    poison_past_length(llm)
+    verifies, count = [], llm.speculator.count
+    llm.speculator.count = lambda drafted, accepted: (verifies.append((drafted, accepted)), count(drafted, accepted))
+    outs = llm.generate(tiny_prompts, greedy())
+    assert [o.token_ids for o in outs] == list(tiny_truth.values())
+    assert verifies and any(drafted == 5 for drafted, _ in verifies)
+    expected = [min(drafted, 5 if miss is None else miss) for drafted, _ in verifies]
+    assert [accepted for _, accepted in verifies] == expected      # (a draft cut short by max_tokens
+    check_idle(llm)                                               # may end before the miss)
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 7])
+def test_rollback_within_and_across_blocks(phase, k, tiny_prompts, tiny_truth):
+    """Block size 4: k + 1 rows per verify start anywhere in a block, so rejected positions lie in
+    the newest block only (k = 1), or reach one or two blocks further (k = 3, 4, 7); a miss in the
+    middle leaves blocks that begin past the kept length, which must go back to the pool."""
+    llm = scripted(phase, tiny_truth, k // 2, k=k)
+    poison_past_length(llm)
+    freed = []
+    truncate = llm.scheduler.block_manager.truncate
+
+    def counting(seq, n):
+        before = len(seq.block_table)
+        truncate(seq, n)
+        freed.append(before - len(seq.block_table))
+    llm.scheduler.block_manager.truncate = counting
+    outs = llm.generate(tiny_prompts, greedy())
+    assert [o.token_ids for o in outs] == list(tiny_truth.values())
+    assert (max(freed) > 0) == (k >= BLOCK - 1), freed      # whole blocks of rejected drafts only from k >= 3
+    check_idle(llm)
+
+
+def test_block_manager_truncate_frees_only_blocks_past_the_length(phase):
+    bm = importlib.import_module(f"phases.{phase}.block_manager").BlockManager(8, 4)
+    seq = SimpleNamespace(seq_id=0, block_table=[])
+    bm.allocate(seq, 0)
+    bm.grow(seq, 13)                            # positions [0, 13): 4 blocks
+    table = list(seq.block_table)
+    bm.truncate(seq, 9)                          # position 8 lives in block 2: it stays
+    assert seq.block_table == table[:3] and bm.num_free_blocks == 5
+    bm.truncate(seq, 8)                          # block 2 begins at 8: freed
+    assert seq.block_table == table[:2] and bm.num_free_blocks == 6
+    bm.truncate(seq, 0)
+    assert seq.block_table == [] and bm.num_free_blocks == 8
+
+
+# --- the prefix cache -----------------------------------------------------------------------------
+def cached_paths(tree) -> list[list[int]]:
+    """The token ids spelled by every root-to-node path of a radix tree."""
+    out, stack = [], [(tree.root, [])]
+    while stack:
+        node, ids = stack.pop()
+        for child in node.children.values():
+            out.append(ids + list(child.key))
+            stack.append((child, out[-1]))
+    return out
+
+
+def test_drafts_never_enter_the_prefix_cache(phase, previous, tiny_prompts, tiny_truth):
+    """Every cached block spells real tokens of a request (rejected drafts never, kept ones only
+    once they are tokens); prompts that extend those requests then read the blocks cached from
+    kept drafts and give the tokens of an engine without speculation or cache."""
+    llm = scripted(phase, tiny_truth, 2, k=5)
+    llm.generate(tiny_prompts, greedy())
+    real = [list(p) + t for p, t in tiny_truth.items()]
+    paths = cached_paths(llm.scheduler.block_manager.tree)
+    assert paths and all(any(r[:len(path)] == path for r in real) for path in paths)
+    assert max(map(len, paths)) > max(map(len, tiny_prompts))       # blocks of kept drafts are cached
+    longer = [r[:-4] for r in real]
+    again = llm.generate(longer, greedy(8))
+    assert llm.scheduler.cache_hits > 0
+    plain = engine(previous, block_size=BLOCK, enable_prefix_caching=False).generate(longer, greedy(8))
+    assert [o.token_ids for o in again] == [o.token_ids for o in plain]
+    check_idle(llm)
+
+
+# --- where a request ends inside a proposal --------------------------------------------------------
+def test_eos_inside_a_proposal(phase, tiny_prompts, tiny_truth):
+    """EOS is the 3rd token the drafts would bring: the request stops there, as without them."""
+    prompt = tiny_prompts[0]
+    eos = tiny_truth[tuple(prompt)][4]
+    outs = []
+    for llm in (engine(phase, block_size=BLOCK), scripted(phase, tiny_truth, None, k=6)):
+        llm.source = SimpleNamespace(eos_token_ids=[eos], tokenizer=llm.source.tokenizer)
+        outs.append(llm.generate([prompt], greedy(24, ignore_eos=False))[0])
+        check_idle(llm)
+    assert outs[0].token_ids == outs[1].token_ids and outs[1].finish_reason == "stop"
+    assert outs[1].token_ids[-1] == eos and len(outs[1].token_ids) < 24
+
+
+def test_stop_string_inside_a_proposal(phase, tiny_prompts, tiny_truth):
+    prompt = tiny_prompts[1]
+    base = engine(phase, block_size=BLOCK)
+    text = base.tokenizer.decode(tiny_truth[tuple(prompt)][:6])
+    stop = text[-3:].strip() or text[-4:]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
+    spec = scripted(phase, tiny_truth, None, k=8)
+    a, b = base.generate([prompt], params)[0], spec.generate([prompt], params)[0]
+    assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason) and b.finish_reason == "stop"
+    check_idle(spec)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 6])
+def test_max_tokens_inside_a_proposal(phase, max_tokens, tiny_prompts, tiny_truth):
+    """k = 8 drafts but only max_tokens - 1 - (tokens so far) can still be verified: the request
+    ends at max_tokens exactly, on a verify's last token."""
+    llm = scripted(phase, tiny_truth, None, k=8)
+    outs = llm.generate(tiny_prompts, greedy(max_tokens))
+    assert [o.token_ids for o in outs] == [t[:max_tokens] for t in tiny_truth.values()]
+    assert all(o.finish_reason == "length" for o in outs)
+    check_idle(llm)
+
+
+# --- the switch ----------------------------------------------------------------------------------
+def test_switch_drafts_only_at_small_batches(phase, tiny_prompts, tiny_truth):
+    """speculative_disable_by_batch_size=2: no drafts while more than 2 sequences decode."""
+    llm = scripted(phase, tiny_truth, None, k=4, speculative_disable_by_batch_size=2)
+    sizes, draft = [], llm.speculator.draft
+
+    def recording(plan):
+        scored = draft(plan)
+        sizes.append((len(llm.speculator.decoding), sum(n > 1 for n in scored)))
+        return scored
+    llm.speculator.draft = recording
+    params = [greedy(8), greedy(24), greedy(8), greedy(8)]
+    outs = llm.generate(tiny_prompts, params)
+    assert [o.token_ids for o in outs] == [t[:p.max_tokens] for t, p in zip(tiny_truth.values(), params)]
+    assert all(drafted == 0 for decoding, drafted in sizes if decoding > 2)
+    assert any(drafted > 0 for decoding, drafted in sizes if decoding <= 2)
+
+
+def test_off_drafts_nothing(phase, tiny_prompts, tiny_truth):
+    llm = engine(phase, block_size=BLOCK)
+    assert [o.token_ids for o in llm.generate(tiny_prompts, greedy())] == list(tiny_truth.values())
+    assert llm.speculator.counters()["spec_decode_num_drafts"] == 0
+
+
+# --- the n-gram proposer -------------------------------------------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_latest_match(phase):
+    ngram = importlib.import_module(f"phases.{phase}.proposers").NgramProposer(min_n=2, max_n=3)
+    ctx = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert ngram.lookup(ctx, 3) == [7, 8, 5]          # the latest earlier "1 2 3", not the first
+    assert ngram.lookup([4, 5, 6, 7, 5, 6], 4) == [7, 5, 6]   # up to the context's end
+    assert ngram.lookup([1, 2, 3, 4], 2) == []        # no suffix seen before
+    assert ngram.lookup([5, 1, 2, 6, 6, 2], 2) == []  # a 1-token match is below min_n
+
+
+# --- sampling under speculation ------------------------------------------------------------------
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_sampled_requests_reproduce_with_their_seed(phase, proposer, tiny_prompts):
+    """Draws of the draft model, acceptance tests and resamples all come from the request's own
+    generator: the same seed gives the same tokens again (in the same batch)."""
+    params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=s) for s in (1, 2, 3, 4)]
+    runs = []
+    for _ in range(2):
+        llm = engine(phase, speculative=proposer, num_speculative_tokens=3, block_size=BLOCK)
+        runs.append([o.token_ids for o in llm.generate(tiny_prompts, params)])
+        check_idle(llm)
+    assert runs[0] == runs[1] and all(len(t) == 16 for t in runs[0])
+    if proposer == "draft":
+        assert llm.speculator.counters()["spec_decode_num_drafts"] > 0
+
+
+def test_metrics_endpoint_names_the_counters(phase):
+    metrics = importlib.import_module(f"phases.{phase}.metrics")
+    counters = {"spec_decode_num_drafts": 3, "spec_decode_num_draft_tokens": 12, "spec_decode_num_accepted_tokens": 7,
+                "spec_decode_num_accepted_tokens_per_pos": [3, 2, 1, 1]}
+    fake = SimpleNamespace(observers=[], alive=True, limits={"num_blocks": 10},
+                           gauges={"running": 1, "waiting": 0, "swapped": 0, "kv_blocks_free": 5, "preemptions": 0,
+                                   "cache_queries": 0, "cache_hits": 0} | counters)
+    text = metrics.ServerMetrics(fake).render()
+    assert "mini_infer:spec_decode_num_drafts_total 3\n" in text
+    assert "mini_infer:spec_decode_num_draft_tokens_total 12\n" in text
+    assert "mini_infer:spec_decode_num_accepted_tokens_total 7\n" in text
+    assert 'mini_infer:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2' in text
+
+
+# --- rejection sampling on a small vocabulary ----------------------------------------------------
+V, N, ALPHA = 6, 20000, 1e-3
+PARAMS = SamplingParams(temperature=1.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def sampler(phase):
+    return importlib.import_module(f"phases.{phase}.sampler")
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """P(X >= the statistic) for X chi-square with (cells - 1) degrees of freedom."""
+    expected = probs * counts.sum()
+    stat = ((counts - expected) ** 2 / expected).sum()
+    return torch.special.gammaincc(torch.tensor((len(counts) - 1) / 2, dtype=torch.float64), stat / 2).item()
+
+
+def target(k: int) -> torch.Tensor:
+    """(k + 1, V) fixed target logits, one row per position."""
+    return torch.randn(k + 1, V, generator=torch.Generator().manual_seed(1), dtype=torch.float64).float() * 1.5
+
+
+def draws(sampler, k: int, draft_probs: torch.Tensor | None, steps: int = N, accept_all: bool = False) -> torch.Tensor:
+    """(steps, 2): the first two tokens emitted per verify (-1 where only one was)."""
+    gen, logits = torch.Generator().manual_seed(7), target(k)
+    out = torch.full((steps, 2), -1)
+    for s in range(steps):
+        if draft_probs is None:                                    # deterministic draft: always token 0.. k-1
+            drafts = list(range(k))
+        else:
+            drafts = [torch.multinomial(draft_probs[j], 1, generator=gen).item() for j in range(k)]
+        tokens = drafts + [0] if accept_all else sampler.verify(logits, drafts, draft_probs, PARAMS, gen)
+        out[s, :min(2, len(tokens))] = torch.tensor(tokens[:2])
+    return out
+
+
+def q_far_from_p(k: int) -> torch.Tensor:
+    return torch.softmax(torch.randn(k, V, generator=torch.Generator().manual_seed(3)) * 2.0, dim=-1)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
+def test_first_token_is_distributed_as_the_target(sampler, deterministic):
+    k = 3
+    q = None if deterministic else q_far_from_p(k)
+    first = draws(sampler, k, q)[:, 0]
+    p = torch.softmax(target(k)[0], -1)
+    assert chi_square_p_value(torch.bincount(first, minlength=V).double(), p.double()) > ALPHA
+
+
+def test_second_token_given_the_first_is_distributed_as_the_target(sampler):
+    """Where the first draft stood, the second token is row 1's sample (the fixed logits make it
+    independent of the first): accepted drafts and the resample after them both count."""
+    k = 2
+    q = q_far_from_p(k)
+    pairs = draws(sampler, k, q)
+    second = pairs[:, 1][pairs[:, 1] >= 0]
+    assert len(second) > N // 10
+    p = torch.softmax(target(k)[1], -1)
+    assert chi_square_p_value(torch.bincount(second, minlength=V).double(), p.double()) > ALPHA
+
+
+def test_the_test_catches_a_sampler_that_keeps_every_draft(sampler):
+    k = 3
+    q = q_far_from_p(k)
+    first = draws(sampler, k, q, steps=4000, accept_all=True)[:, 0]
+    p = torch.softmax(target(k)[0], -1)
+    assert chi_square_p_value(torch.bincount(first, minlength=V).double(), p.double()) < 1e-12
+
+
+def test_greedy_verify_keeps_the_agreeing_prefix_and_adds_the_target_token(sampler):
+    assert sampler.verify_greedy([5, 6, 7, 8], [5, 6, 9]) == [5, 6, 7]
+    assert sampler.verify_greedy([5, 6, 7, 8], [1, 6, 7]) == [5]
+    assert sampler.verify_greedy([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]
+
+
+def test_seeded_verify_is_reproducible(sampler):
+    logits, q = target(3), q_far_from_p(3)
+    runs = [sampler.verify(logits, [1, 2, 3], q, PARAMS, torch.Generator().manual_seed(11)) for _ in range(2)]
+    assert runs[0] == runs[1]
