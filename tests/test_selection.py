@@ -4,6 +4,7 @@ declared file selects the whole suite for that phase."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,9 +35,16 @@ def test_a_declaration_names_a_suite_its_tests_and_its_files(suite):
 
 
 def test_every_phase_keeps_its_greedy_match_against_hf():
+    """Every phase runs the correctness suite, in full where the files that compute its tokens
+    changed, and elsewhere a smoke that compares the real model's greedy ids with HF's."""
+    from tests.suites import correctness
     running = selection.phases_running("correctness")
     assert running == selection.phases()
-    assert all(selection.runs_in_full("correctness", phase) for phase in running)
+    assert selection.runs_in_full("correctness", running[0])
+    smoke = SUITES["correctness"].smoke
+    assert "test_real_model_matches_hf_prefix" in smoke
+    source = inspect.getsource(correctness.test_real_model_matches_hf_prefix)
+    assert 'hf_reference("smollm2-135m")' in source and 'engines("smollm2-135m")' in source
 
 
 def fake_item(phase: str, suite: str | None, name: str, markers=()):
@@ -95,6 +103,13 @@ def test_a_file_marker_follows_its_files(pair):
         f.write("# changed\n")
     clear_caches()
     assert selection.selected(item, root)
+
+
+def test_a_slow_test_is_left_to_test_all(pair):
+    root, (first, second) = pair
+    assert selection.selected(fake_item(first, None, "test_fast"), root)
+    assert not selection.selected(fake_item(first, None, "test_slow_variant", markers=("slow",)), root)
+    assert not selection.selected(SimpleNamespace(get_closest_marker=lambda m: m if m == "slow" else None), root)
 
 
 def test_all_phases_runs_everything(monkeypatch):

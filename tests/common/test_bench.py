@@ -146,8 +146,10 @@ def test_offline_requests_sets_the_size_and_the_setting(tmp_path):
     """--requests N: N requests from the same seeded stream (the standard set is its prefix),
     recorded in the setting so it never replaces the standard-size record."""
     assert workloads.offline("full", num_requests=300).prompts[:256] == workloads.offline("full").prompts
-    [rec] = run(tmp_path, "--workload", "offline", "--presets", "tiny-llama", "--engines", "p03", "--requests", "20")
-    assert rec["setting"] == {"requests": 20} and rec["metrics"]["num_requests"] == 20
+    [rec] = run(tmp_path, "--workload", "offline", "--presets", "tiny-llama", "--engines", "p03", "--requests", "2",
+                "--repeats", "1")
+    assert rec["setting"] == {"requests": 2} and rec["metrics"]["num_requests"] == 2
+    assert rec["metrics"]["output_tokens"] == workloads.offline("small", num_requests=2).output_tokens
     with pytest.raises(SystemExit):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03", "--requests", "4")
 

@@ -1,4 +1,8 @@
-"""Greedy exact match against HuggingFace, EOS handling and per-token timestamps."""
+"""Greedy exact match against HuggingFace, EOS handling and per-token timestamps.
+
+`make test` runs all of it where a phase changes the files that compute the tokens
+(tests/selection.py), and elsewhere test_real_model_matches_hf_prefix: the real model on the
+whole reference prompt set in one batch, held to HF's first greedy ids."""
 
 import pytest
 
@@ -7,6 +11,7 @@ from tests.reference import CAPITAL_QUESTION, REF_NEW_TOKENS
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=REF_NEW_TOKENS, ignore_eos=True)
+PREFIX_TOKENS = 16              # the smoke's greedy ids per prompt: HF's reference, cut to its first 16
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +38,16 @@ def test_greedy_matches_hf(engines, prompts_for, hf_reference, preset):
         assert len(ref) == REF_NEW_TOKENS
         assert out.token_ids == ref, f"prompt {i}: first difference at token {_first_diff(out.token_ids, ref)}"
         assert out.finish_reason == "length"
+
+
+def test_real_model_matches_hf_prefix(engines, prompts_for, hf_reference):
+    """SmolLM2's reference prompts (chat, plain, non-ASCII, > 512 tokens) in one batch: the first
+    PREFIX_TOKENS greedy ids are HF's (greedy ids do not depend on how many follow them)."""
+    params = SamplingParams(temperature=0, max_tokens=PREFIX_TOKENS, ignore_eos=True)
+    outs = engines("smollm2-135m").generate(prompts_for("smollm2-135m"), params)
+    for i, (out, ref) in enumerate(zip(outs, hf_reference("smollm2-135m"), strict=True)):
+        assert out.token_ids == ref[:PREFIX_TOKENS], \
+            f"prompt {i}: first difference at token {_first_diff(out.token_ids, ref)}"
 
 
 def test_chat_answer_stops_at_eos(engines, tokenizer):
