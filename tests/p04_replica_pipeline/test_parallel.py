@@ -107,17 +107,6 @@ def test_batch_of_one_and_bad_requests(parallel_llm, batch):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_workers_stop_on_shutdown(mode):
-    with ParallelLLM("tiny-llama", **OPTIONS, **MODES[mode]) as llm:
-        procs = list(llm.pool.procs)
-        assert all(p.is_alive() and p.daemon for p in procs)
-    assert workers_gone(procs)
-    with pytest.raises(RuntimeError, match="shut down"):
-        llm.generate([1, 2, 3])
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", list(MODES))
 def test_killed_worker_is_an_error_not_a_hang(mode):
     llm = ParallelLLM("tiny-llama", **OPTIONS, **MODES[mode])
     procs = list(llm.pool.procs)
@@ -170,3 +159,15 @@ def test_pipeline_on_the_real_model(prompts_for, hf_reference):
     with ParallelLLM("smollm2-135m", device="cpu", dtype="float32", **MODES["pipeline"]) as llm:
         outs = llm.generate(prompts_for("smollm2-135m"), params)
     assert [o.token_ids for o in outs] == hf_reference("smollm2-135m")
+
+
+@pytest.mark.timeout(60)
+def test_workers_stop_on_shutdown(parallel_llm):
+    """Last in this file, so that it stops the module's engine (each mode's) after every other
+    test used it; the fixture's own shutdown after it is a no-op."""
+    procs = list(parallel_llm.pool.procs)
+    assert all(p.is_alive() and p.daemon for p in procs)
+    parallel_llm.__exit__(None, None, None)
+    assert workers_gone(procs)
+    with pytest.raises(RuntimeError, match="shut down"):
+        parallel_llm.generate([1, 2, 3])
