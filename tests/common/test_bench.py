@@ -52,9 +52,12 @@ def test_offline_small_counts_every_token(tmp_path):
 
 
 def test_rerun_replaces_record_with_same_key(tmp_path):
-    run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p01", "--repeats", "1")
-    records = run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p01", "--repeats", "1")
-    assert len(records) == 1
+    """(The smallest workload: a record's key does not depend on it.)"""
+    one = ("--workload", "concurrency", "--concurrency", "1", "--presets", "tiny-llama", "--engines", "p01",
+           "--repeats", "1")
+    first = run(tmp_path, *one)
+    records = run(tmp_path, *one)
+    assert len(records) == 1 and records[0]["run_id"] != first[0]["run_id"]
 
 
 def test_workloads_follow_the_protocol():
@@ -268,8 +271,8 @@ def test_a_part_names_its_make_command_in_every_record(tmp_path, capsys):
     """make phase-NN bench PART=x runs the part's comparisons; each record says which command made it."""
     from common import bench_set
     out = tmp_path / "r.json"
-    parts = {"small": [["--workload", "latency", "--presets", "tiny-llama", "--engines", "p01", "--repeats", "1",
-                        "--out", str(out)]]}
+    parts = {"small": [["--workload", "concurrency", "--concurrency", "1", "--presets", "tiny-llama", "--engines",
+                        "p01", "--repeats", "1", "--out", str(out)]]}
     bench_set.run_parts("p01_serial_decode", parts, parts, ["--part", "small", "--device", "cpu"])
     [rec] = json.loads(out.read_text())
     assert rec["part"] == "small" and rec["provenance"]["make_command"] == "make phase-01 bench PART=small"
