@@ -299,19 +299,16 @@ def headline(records: list[dict], phase: str) -> str:
 
 
 def chat_line(records: list[dict], phase: str) -> str:
-    """The chat's last turn: its first token with the cache and without (this engine, cache off)."""
+    """The chat's last turn: its first token with the cache (this engine) and without (the baseline)."""
     recs = newest_run(records, "cpu", "smollm2-135m", "chat")
-    on = next((r for r in recs if r["engine"] == phase[:3] and not r["setting"]), None)
-    off = next((r for r in recs if r["engine"] == phase[:3] and r["setting"]), None)
-    if not (on and off):
+    if not recs:
         return f"_No chat run yet: `make phase-{phase[1:3]} bench PART=chat` on a CPU._"
-    _, base, twin = roles(recs, phase)
+    on, off, twin = roles(recs, phase)
     key, turns, first = "ttft_last_turn_p50_ms", on["shape"]["turns"], on["shape"]["first"]
-    ratio = stats.format_ratio(stats.paired_ratio(on, off, key), stats.paired_ratio(twin, base, key), show_aa=False)
-    return (f"**The chat** (SmolLM2-135M on this repository's CPU, {turns} turns opening with a {first:,}-token paste): "
-            f"the last turn's first token after {on['metrics'][key]:,.0f} ms with the cache, "
-            f"{off['metrics'][key]:,.0f} ms without it ({label(off)}), "
-            f"{ratio} sooner (per repeat pair, median of {on['repeats']}, judged against {base['engine']}'s A/A).")
+    return (f"**The chat** (SmolLM2-135M on this repository's CPU, {turns} turns opening with a {first:,}-token "
+            f"paste): the last turn's first token after {on['metrics'][key]:,.0f} ms with the cache, "
+            f"{off['metrics'][key]:,.0f} ms without it ({off['engine']}), {versus(on, off, twin, key)} sooner "
+            f"(per repeat pair, median of {on['repeats']}, judged against {off['engine']}'s A/A).")
 
 
 def results_table(records: list[dict], phase: str) -> str:

@@ -49,7 +49,7 @@ GPU_PARTS = {
 CPU_PARTS = {
     "shared-prefix": shared("shared-prefix", "tiny-llama", "shared-prefix,no-sharing", AA + [ENGINE, OFF], *SMALL),
     "multi-turn": shared("multi-turn", "tiny-llama", "multi-turn", AA + [ENGINE], *SMALL),
-    "chat": shared("chat", "smollm2-135m", "chat", AA + [ENGINE, OFF], *SMALL),
+    "chat": shared("chat", "smollm2-135m", "chat", AA + [ENGINE], *SMALL, "--repeats", "2"),   # real prefills
     "offline": standard("offline", "tiny-llama", *SMALL),
     "concurrency": standard("concurrency", "tiny-llama", "--concurrency", "8,32", *SMALL),
 }

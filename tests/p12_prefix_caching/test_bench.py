@@ -41,7 +41,7 @@ def test_the_parts_measure_the_goals_workloads():
     for part in (gpu["shared-prefix"], gpu["shared-prefix-8b"], cpu["shared-prefix"]):
         assert part.workloads == ["shared-prefix", "no-sharing"]
     assert gpu["multi-turn"].workloads == ["multi-turn"] and cpu["chat"].preset == "smollm2-135m"
-    assert "p12 enable_prefix_caching=0" in gpu["shared-prefix"].engines and "p12 enable_prefix_caching=0" in cpu["chat"].engines
+    assert "p12 enable_prefix_caching=0" in gpu["shared-prefix"].engines and "p12 enable_prefix_caching=0" in cpu["shared-prefix"].engines
 
 
 def test_every_engine_spec_is_a_valid_config():
