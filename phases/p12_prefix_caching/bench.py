@@ -41,7 +41,8 @@ def standard(workload: str, preset: str, *extra: str) -> list[list[str]]:
 SMALL = ("--scale", "small")
 GPU_PARTS = {
     "shared-prefix": shared("shared-prefix", "llama-1b", "shared-prefix,no-sharing", AA + [ENGINE, OFF]),
-    "shared-prefix-8b": shared("shared-prefix-8b", "llama-8b", "shared-prefix,no-sharing", AA + [ENGINE]),
+    "shared-prefix-8b": shared("shared-prefix-8b", "llama-8b", "shared-prefix", AA + [ENGINE]),
+    "no-sharing-8b": shared("no-sharing-8b", "llama-8b", "no-sharing", AA + [ENGINE]),   # 8B: one part each
     "multi-turn": shared("multi-turn", "llama-1b", "multi-turn", AA + [ENGINE]),
     "offline": standard("offline", "llama-1b"),
     "concurrency": standard("concurrency", "llama-1b", "--concurrency", "1,64"),

@@ -37,9 +37,11 @@ def test_the_parts_measure_the_goals_workloads():
     """shared-prefix with its control on llama-1b and llama-8b, multi-turn, the cache-off
     ablation beside the 1b run; on the CPU the same at small scale, and the chat on SmolLM2."""
     gpu, cpu = bench.GPU_PARTS, bench.CPU_PARTS
-    assert (gpu["shared-prefix"].preset, gpu["shared-prefix-8b"].preset) == ("llama-1b", "llama-8b")
-    for part in (gpu["shared-prefix"], gpu["shared-prefix-8b"], cpu["shared-prefix"]):
+    assert (gpu["shared-prefix"].preset, gpu["shared-prefix-8b"].preset, gpu["no-sharing-8b"].preset) == \
+        ("llama-1b", "llama-8b", "llama-8b")
+    for part in (gpu["shared-prefix"], cpu["shared-prefix"]):
         assert part.workloads == ["shared-prefix", "no-sharing"]
+    assert gpu["shared-prefix-8b"].workloads + gpu["no-sharing-8b"].workloads == ["shared-prefix", "no-sharing"]
     assert gpu["multi-turn"].workloads == ["multi-turn"] and cpu["chat"].preset == "smollm2-135m"
     assert "p12 enable_prefix_caching=0" in gpu["shared-prefix"].engines and "p12 enable_prefix_caching=0" in cpu["shared-prefix"].engines
 
