@@ -1,0 +1,54 @@
+"""`make phase-NN bench [PART=name]`: this phase's standard benchmark set, in named parts.
+
+Each part is one comparison, the engines measured in one process, interleaved and repeated, the
+previous phase built twice ("p13", "p13#2": the run's A/A control). On a GPU each part fits one
+10-minute call; on a CPU the same comparison runs at small scale on tiny-llama (where there are
+no graphs: the CPU parts check that the eager path is unchanged).
+
+CUDA graphs remove the host's launch time from decode steps, so they show where the host was
+the bottleneck: batch 1 (latency), 64 in flight, and the offline batch, on llama-1b and llama-8b.
+Both GPU attention backends run inside the graphs: "auto" (FlashAttention 4 where installed) and
+our Triton kernel. "nano-vllm" and "nano-vllm-8b" run the peer engine on the same workloads in
+the same machine start (common.peer; it needs the peer's public source, see the README).
+"""
+from __future__ import annotations
+
+import sys
+
+from common import peer
+from common.bench_set import run_parts
+
+PHASE = __package__.split(".")[-1]
+ENGINE = PHASE[:3]                                          # "p14"
+PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p13"
+AA = [PREVIOUS, PREVIOUS + "#2"]
+TRITON = f"{ENGINE} attention_backend=triton"
+
+
+def standard(workload: str, preset: str, *extra: str, engines=(ENGINE, TRITON)) -> list[list[str]]:
+    return [["--workload", workload, "--presets", preset, *extra, "--engines", ",".join([*AA, *engines])]]
+
+
+GPU_PARTS = {
+    "latency": standard("latency", "llama-1b"),
+    "latency-8b": standard("latency", "llama-8b"),
+    "concurrency": standard("concurrency", "llama-1b", "--concurrency", "64"),
+    "concurrency-8b": standard("concurrency", "llama-8b", "--concurrency", "64", engines=(ENGINE,)),
+    "offline": standard("offline", "llama-1b", engines=(ENGINE,)),
+    "offline-8b": standard("offline", "llama-8b", engines=(ENGINE,)),
+    "nano-vllm": peer.part(PHASE, "1b"),
+    "nano-vllm-8b": peer.part(PHASE, "8b"),
+}
+SMALL = ("--scale", "small")
+CPU_PARTS = {
+    "latency": standard("latency", "tiny-llama", *SMALL, engines=(ENGINE,)),
+    "concurrency": standard("concurrency", "tiny-llama", "--concurrency", "8,32", *SMALL, engines=(ENGINE,)),
+}
+
+
+def main(argv: list[str]) -> None:
+    run_parts(PHASE, GPU_PARTS, CPU_PARTS, argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

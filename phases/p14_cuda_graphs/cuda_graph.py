@@ -1,0 +1,178 @@
+"""CUDA graphs: the decode step captured once per batch-size bucket, then replayed.
+
+An eager decode step of a small model is host-bound: each layer launches a dozen kernels, and
+the host spends ~10-20 us on every launch while the GPU finishes each in a few. A CUDA graph
+records the whole step's launches once; replaying it is one launch, and the GPU runs the kernels
+back to back. What a graph cannot do is change: every kernel, its grid and every pointer and
+Python scalar it was given are frozen at capture. So:
+
+  - one graph per batch-size bucket (1, 2, 4, 8, then steps of 16): a step of n sequences
+    replays the smallest bucket >= n, its lanes n..bucket-1 padded;
+  - the step's inputs live in static device buffers, the same memory in every replay: the host
+    writes the step's rows into a pinned host copy and sends them in ONE host-to-device copy;
+  - the block tables are as wide as the longest sequence could ever need (max_model_len), and a
+    kernel's loop over keys is bounded by context_lens, a device tensor, never by a host int;
+  - padded lanes compute garbage harmlessly: token 0 at position 0, its K/V written to a scratch
+    block that no sequence owns (the pool's last block), context length 1 so its attention reads
+    only that scratch slot;
+  - the graphs share one memory pool: captured largest first, each smaller one reuses the
+    largest one's activations (only one replays at a time).
+
+Static buffer layout, int32, one row per lane, so that the first n lanes are one contiguous
+block (n, 4 + W) and one copy fills them:
+    [token id, position, slot, context length, block table (W columns, 0 past its end)]
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .model_runner import step_context
+from .profiler import stage
+
+TOKEN, POSITION, SLOT, CONTEXT_LEN, TABLE = 0, 1, 2, 3, 4     # columns of the static buffer
+
+
+def buckets_up_to(max_batch: int) -> list[int]:
+    """Batch sizes that get a graph: 1, 2, 4, 8, then every 16 up to max_batch (always included)."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16)) + [max_batch]
+    return sorted(set(sizes))
+
+
+def pick_bucket(buckets: list[int], n: int) -> int | None:
+    """The smallest bucket that holds n sequences, or None: the step runs eagerly."""
+    return next((b for b in buckets if b >= n), None)
+
+
+def dense(column: torch.Tensor) -> torch.Tensor:
+    """A copy with unit strides (a kernel may check them; .contiguous() keeps a one-row view's
+    stride): one small copy kernel inside the graph."""
+    return torch.empty(column.shape, dtype=column.dtype, device=column.device).copy_(column)
+
+
+class GraphRunner:
+    """Decode steps of up to max(buckets) sequences through captured graphs.
+
+    model, cache, backend: the engine's; width: block-table columns (blocks of the longest
+    sequence); scratch_block: a pool block no sequence owns. capture=False builds the same static
+    buffers and runs the same padded forward eagerly, with no graph: the CPU tests' path, which
+    checks buckets, padding and buffer filling exactly as a replay sees them.
+    """
+
+    def __init__(self, model, cache, backend, buckets: list[int], width: int, scratch_block: int,
+                 capture: bool = True):
+        self.model, self.cache, self.backend = model, cache, backend
+        self.buckets, self.width, self.scratch_block = sorted(buckets), width, scratch_block
+        self.block_size = cache.block_size
+        device = cache.layers[0].device
+        rows, cols = self.buckets[-1], TABLE + width
+        # Host side: pinned, written row by row each step; device side: what the graphs read.
+        self.host = torch.zeros(rows, cols, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.host_rows = self.host.numpy()
+        self.lane_tables: list[list[int]] = [[] for _ in range(rows)]   # per lane: the table written
+        self.static = torch.zeros(rows, cols, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Every graph writes its logits into the first rows of one buffer: a graph's own output
+        # would stay allocated for its life, 20 buckets x (bucket, vocab) fp32 = ~1 GiB for a
+        # 128k vocabulary. The copy costs one kernel.
+        self.logits = torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
+        self.capture_seconds, self.graph_bytes = 0.0, 0
+        for lane in range(rows):
+            self._pad(lane)
+        self.static.copy_(self.host)
+        if capture:
+            self._capture_all()
+
+    # --- per step --------------------------------------------------------------------------
+    def can_run(self, plan) -> bool:
+        return not plan.is_prefill and len(plan.seqs) <= self.buckets[-1] and \
+            all(len(seq.block_table) <= self.width for seq in plan.seqs)
+
+    @torch.inference_mode()
+    def run(self, plan) -> torch.Tensor:
+        """A decode plan -> fp32 logits (n, vocab), a view of the bucket's static output: valid
+        until the next step (the engine samples from it before then)."""
+        n = len(plan.seqs)
+        bucket = pick_bucket(self.buckets, n)
+        with stage("prepare inputs"):
+            self.fill(plan.seqs, bucket)
+            self.static[:bucket].copy_(self.host[:bucket], non_blocking=True)
+        if bucket in self.graphs:
+            self.graphs[bucket].replay()
+            return self.logits[:n]
+        return self._forward(bucket)[:n]
+
+    def fill(self, seqs, bucket: int) -> None:
+        """Write lanes [0, bucket) of the host buffer: the step's sequences, then padding. A column
+        at a time from host lists (one numpy call each, not one per lane and field)."""
+        n, bs, rows = len(seqs), self.block_size, self.host_rows
+        positions = [seq.num_computed_tokens - 1 for seq in seqs]     # the one new token, already counted
+        rows[:n, TOKEN] = [seq.last_token for seq in seqs]
+        rows[:n, POSITION] = positions
+        rows[:n, CONTEXT_LEN] = rows[:n, POSITION] + 1
+        rows[:n, SLOT] = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
+        for lane, seq in enumerate(seqs):
+            self._write_table(lane, seq.block_table)
+        for lane in range(n, bucket):
+            self._pad(lane)
+
+    def _write_table(self, lane: int, table: list[int]) -> None:
+        """Row `lane`'s block table, where it changed (a sequence keeps its lane while the batch
+        does not change, and its table changes once per block_size tokens). Columns the previous
+        occupant wrote past its end become 0 again: a stale column would point a longer context
+        at another sequence's block."""
+        if self.lane_tables[lane] == table:
+            return
+        used, n = len(self.lane_tables[lane]), len(table)
+        self.host_rows[lane, TABLE:TABLE + n] = table
+        if used > n:
+            self.host_rows[lane, TABLE + n:TABLE + used] = 0
+        self.lane_tables[lane] = list(table)
+
+    def _pad(self, lane: int) -> None:
+        """A padded lane: token 0 at position 0, written to and read from the scratch block only."""
+        row = self.host_rows[lane]
+        row[TOKEN], row[POSITION], row[CONTEXT_LEN] = 0, 0, 1
+        row[SLOT] = self.scratch_block * self.block_size
+        self._write_table(lane, [self.scratch_block])
+
+    # --- the captured step -----------------------------------------------------------------
+    def _forward(self, bucket: int) -> torch.Tensor:
+        """The decode step over lanes [0, bucket) of the static buffer: what a graph records.
+        Everything it reads comes from the static buffer; every size is the bucket's."""
+        lanes = self.static[:bucket]
+        token_ids = lanes[:, TOKEN].long()
+        positions = lanes[:, POSITION].long()
+        context_lens = dense(lanes[:, CONTEXT_LEN])
+        rows = torch.arange(bucket, device=lanes.device)
+        step = step_context(self.model, self.cache, self.backend, False, positions, lanes[:, SLOT].long(), rows,
+                            cu_seqlens_q=torch.arange(bucket + 1, dtype=torch.int32, device=lanes.device),
+                            cu_seqlens_q_host=list(range(bucket + 1)), max_query_len=1,
+                            context_lens=context_lens, context_lens_host=[],   # (prefill's only)
+                            # a capture-time bound: the kernels loop to context_lens, not to this
+                            max_context_len=self.width * self.block_size,
+                            block_tables=dense(lanes[:, TABLE:]))
+        return self.model(token_ids, step)
+
+    def _capture_all(self) -> None:
+        """Warm up every bucket eagerly (kernels compile and autotune now, not inside a capture),
+        then capture largest first into one shared pool. Graph memory: what the pool reserved."""
+        start, device = time.perf_counter(), self.static.device
+        with torch.inference_mode():
+            for bucket in self.buckets:
+                self._forward(bucket)
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()            # (capture empties it too: count only the graphs' pool)
+            before = torch.cuda.memory_reserved(device)
+            pool = None
+            for bucket in reversed(self.buckets):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[:bucket].copy_(self._forward(bucket))
+                pool = pool or graph.pool()
+                self.graphs[bucket] = graph
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        self.capture_seconds = time.perf_counter() - start
+        self.graph_bytes = torch.cuda.memory_reserved(device) - before

@@ -1,0 +1,73 @@
+"""The Llama/Qwen2 decoder: embedding, N x (attention + MLP), final norm, LM head."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from common.model_config import ModelConfig
+
+from .attention import Attention, StepContext
+from .layers import MLP, RMSNorm, RotaryEmbedding
+from .profiler import stage
+
+# Checkpoint tensors packed into one fused parameter: fused name -> parts, in order.
+PACKED = {"attn.qkv_proj": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h: torch.Tensor, step: StepContext) -> torch.Tensor:
+        # Profiler stages: each norm and residual add counts with the block it feeds.
+        with stage("attention"):
+            h = h + self.attn(self.attn_norm(h), step)
+        with stage("mlp"):
+            return h + self.mlp(self.mlp_norm(h))
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.rotary = RotaryEmbedding(cfg)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, token_ids: torch.Tensor, step: StepContext) -> torch.Tensor:
+        """token_ids: (T,) new tokens of every sequence in the step, flat (see StepContext).
+        Returns fp32 logits (B, vocab) for each sequence's last new token: nothing else is sampled."""
+        with stage("embedding"):
+            h = self.embed(token_ids)                          # (T, hidden)
+        for layer in self.layers:
+            h = layer(h, step)
+        with stage("lm_head"):                                 # the final norm and the head
+            return self.lm_head(self.norm(h[step.last_rows])).float()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy checkpoint weights (our names, see common.weights) in, packing q/k/v and
+        gate/up into their fused parameters; every parameter must be present."""
+        params = self.state_dict()
+        for name in params:
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue
+            with torch.no_grad():
+                params[name].copy_(self._checkpoint_tensor(name, weights))
+
+    @staticmethod
+    def _checkpoint_tensor(name: str, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        for fused, parts in PACKED.items():
+            if f".{fused}." in name:
+                return torch.cat([weights[name.replace(fused, part)] for part in parts])
+        if name not in weights:
+            raise ValueError(f"checkpoint lacks tensor {name!r}")
+        return weights[name]

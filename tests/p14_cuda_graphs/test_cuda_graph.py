@@ -1,0 +1,161 @@
+"""p14_cuda_graphs: decode steps replayed from CUDA graphs give the eager engine's tokens.
+
+On CPU there are no graphs: GraphRunner(capture=False) runs the very forward a graph records
+(static buffers, padded lanes, the scratch block) eagerly, so buckets, padding and buffer filling
+are checked here against the eager engine's tokens. On a GPU every bucket's replayed logits must
+equal its eager logits bit for bit (same kernels, same inputs), for both GPU backends."""
+import importlib
+
+import pytest
+import torch
+
+from common.sampling import SamplingParams
+
+PHASE = "p14_cuda_graphs"
+phase = importlib.import_module(f"phases.{PHASE}")
+cuda_graph = importlib.import_module(f"phases.{PHASE}.cuda_graph")
+config = importlib.import_module(f"phases.{PHASE}.config")
+GraphRunner, buckets_up_to, pick_bucket = cuda_graph.GraphRunner, cuda_graph.buckets_up_to, cuda_graph.pick_bucket
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away",
+           "1, 2, 3, 4, 5,", "Hello"]
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0)
+
+
+def test_buckets_are_small_powers_then_steps_of_16_up_to_the_largest():
+    assert buckets_up_to(256) == [1, 2, 4, 8] + list(range(16, 257, 16))
+    assert buckets_up_to(1) == [1]
+    assert buckets_up_to(20) == [1, 2, 4, 8, 16, 20]          # the largest batch always has one
+
+
+@pytest.mark.parametrize("n, bucket", [(1, 1), (3, 4), (8, 8), (9, 16), (17, 20), (20, 20), (21, None)])
+def test_a_batch_replays_the_smallest_bucket_that_holds_it(n, bucket):
+    assert pick_bucket(buckets_up_to(20), n) == bucket
+
+
+def test_graphs_are_off_on_cpu_and_with_the_torch_backend():
+    assert not config.EngineConfig(model="tiny-llama", device="cpu").graphs_apply
+    assert config.EngineConfig(model="tiny-llama", device="cpu", cuda_graph=0).cuda_graph is False
+    with pytest.raises(ValueError, match="cuda_graph"):
+        config.EngineConfig(model="tiny-llama", device="cpu", cuda_graph="maybe")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return phase.LLM("smollm2-135m", device="cpu", max_model_len=192, max_num_seqs=8, max_num_batched_tokens=256)
+
+
+def static_runner(llm, max_batch=8):
+    return GraphRunner(llm.model, llm.cache, llm.runner.backend, buckets_up_to(max_batch),
+                       width=-(-llm.max_model_len // llm.cache.block_size), scratch_block=llm.cache.scratch_block,
+                       capture=False)
+
+
+def test_static_buffer_path_gives_the_eager_tokens(smollm2):
+    """Five prompts decode in bucket 8 (three padded lanes), then fewer as they finish: the
+    padded, statically buffered forward must give the eager engine's greedy tokens."""
+    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in (20, 7, 13, 3, 20)]
+    eager = [o.token_ids for o in smollm2.generate(PROMPTS, params)]
+    smollm2.runner.graphs = static_runner(smollm2)
+    try:
+        assert [o.token_ids for o in smollm2.generate(PROMPTS, params)] == eager
+    finally:
+        smollm2.runner.graphs = None
+
+
+def test_padded_lanes_write_only_the_scratch_block(smollm2):
+    """Three sequences decode in bucket 4: the pool changes only in their own blocks and in the
+    scratch block (zeroed first: the padded lane's K/V is the same every step)."""
+    scratch = smollm2.cache.scratch_block
+    for layer in smollm2.cache.layers:
+        layer[:, scratch] = 0
+    before = [layer.clone() for layer in smollm2.cache.layers]
+    owned = set()
+    smollm2.runner.graphs = static_runner(smollm2)
+    try:
+        for p in PROMPTS[:3]:
+            smollm2.add_request(p, SamplingParams(max_tokens=4, temperature=0.0))
+        while smollm2.has_unfinished():
+            smollm2.step()
+            owned |= {b for s in smollm2.scheduler.running for b in s.block_table}
+    finally:
+        smollm2.runner.graphs = None
+    touched = {b for layer, old in zip(smollm2.cache.layers, before)
+               for b in (layer != old).flatten(2).any(-1).any(0).nonzero().flatten().tolist()}
+    assert scratch in touched and scratch not in owned
+    assert touched - {scratch} <= owned and owned
+
+
+def test_a_lane_keeps_no_stale_block_table_columns(smollm2):
+    """A long sequence leaves lane 0, a short one takes it: the columns past the short one's
+    table are 0 again, not the long one's blocks."""
+    runner = static_runner(smollm2)
+
+    class Seq:
+        def __init__(self, table, computed):
+            self.block_table, self.num_computed_tokens, self.last_token = table, computed, 7
+    runner.fill([Seq([5, 6, 7, 8], 60)], bucket=1)
+    assert list(runner.host_rows[0, cuda_graph.TABLE:cuda_graph.TABLE + 5]) == [5, 6, 7, 8, 0]
+    runner.fill([Seq([9], 3)], bucket=1)
+    row = runner.host_rows[0]
+    assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 5]) == [9, 0, 0, 0, 0]
+    assert (row[cuda_graph.POSITION], row[cuda_graph.CONTEXT_LEN], row[cuda_graph.SLOT]) == (2, 3, 9 * 16 + 2)
+    runner.fill([], bucket=2)                       # padding: the scratch block, position 0, length 1
+    assert list(runner.host_rows[1, :cuda_graph.TABLE + 2]) == [0, 0, runner.scratch_block * 16, 1,
+                                                                 runner.scratch_block, 0]
+
+
+# --- GPU: the captured graphs themselves ------------------------------------------------------
+def gpu_engine(backend, **options):
+    return phase.LLM("llama-1b", device="cuda", attention_backend=backend, detokenize=False, max_model_len=1024,
+                     max_num_seqs=32, max_num_batched_tokens=2048, kv_cache_bytes=2 << 30,
+                     cuda_graph_max_batch=32, **options)
+
+
+def backends():
+    return [pytest.param("triton", marks=pytest.mark.gpu), pytest.param("flash-attn", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_replayed_logits_equal_eager_logits_bit_for_bit(backend):
+    """Every bucket: fill the static buffers from real decode-ready sequences, replay the graph,
+    run the same forward eagerly on the same buffers: identical logits."""
+    if backend == "flash-attn" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn-4 is not installed")
+    llm = gpu_engine(backend)
+    graphs = llm.runner.graphs
+    assert graphs is not None and sorted(graphs.graphs) == graphs.buckets
+    for bucket in graphs.buckets:
+        n = max(1, bucket - 1)                            # a padded lane where there can be one
+        for i in range(n):
+            llm.add_request([1 + i] * (17 + 5 * i), SamplingParams(max_tokens=3, temperature=0.0))
+        while not llm.scheduler.running or any(s.num_pending_tokens > 1 for s in llm.scheduler.running) \
+                or llm.scheduler.waiting:
+            llm.step()                                    # prefill until all n decode next
+        plan = llm.scheduler.schedule()
+        assert not plan.is_prefill and len(plan.seqs) == n
+        replayed = graphs.run(plan).clone()
+        eager = graphs._forward(bucket)[:n]
+        assert torch.equal(replayed, eager), bucket
+        llm._abort(list(llm.requests.values()))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_graph_engine_gives_the_eager_engines_greedy_tokens(backend):
+    if backend == "flash-attn" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn-4 is not installed")
+    prompts = [[3 + i] * (10 + 37 * i) for i in range(11)]
+    params = [SamplingParams(max_tokens=40 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(11)]
+    graphed = gpu_engine(backend)
+    assert graphed.graph_stats["graph_memory_bytes"] < 0.5 * 2**30
+    got = [o.token_ids for o in graphed.generate(prompts, params)]
+    del graphed
+    eager = gpu_engine(backend, cuda_graph=False)
+    assert eager.runner.graphs is None
+    assert [o.token_ids for o in eager.generate(prompts, params)] == got
+
+
+def test_the_ablation_switch_reaches_the_engine_options():
+    cli = importlib.import_module(f"phases.{PHASE}.__main__")
+    assert cli.parse_args(["--no-cuda-graph"]).cuda_graph is False
+    assert cli.parse_args([]).cuda_graph is True

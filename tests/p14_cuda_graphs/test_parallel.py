@@ -1,0 +1,4 @@
+"""p14_cuda_graphs: this phase's copy of the replica code (the shared suite tests/suites/replicas.py)."""
+from tests.suites.replicas import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p14_cuda_graphs"

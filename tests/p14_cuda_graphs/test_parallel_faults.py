@@ -1,0 +1,4 @@
+"""p14_cuda_graphs: the engine over worker processes under faults (the shared suite tests/suites/parallel_faults.py)."""
+from tests.suites.parallel_faults import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p14_cuda_graphs"
