@@ -205,3 +205,30 @@ def test_the_bench_builds_ParallelLLM_for_a_parallel_mode(phase, monkeypatch):  
     kind, args, kwargs = make_engine(phase[:3], "tiny-llama", "cpu", "float32", **MODES["pipeline"])
     assert (kind, args, kwargs["parallel"], kwargs["detokenize"]) == ("parallel", ("tiny-llama",), "pipeline", False)
     assert isinstance(make_engine(phase[:3], "tiny-llama", "cpu", "float32"), module.LLM)
+
+
+def test_a_request_that_can_never_fit_is_named_by_its_index(phase, LLM, ParallelLLM, monkeypatch):  # noqa: N803
+    """As LLM.generate names it: the router sends each request with its index in the call, and
+    the worker that refuses it says which. In this process: the router over a pool whose ranks run
+    the worker's run_call on engines of their own (16 blocks of 4 tokens each)."""
+    router, worker = (importlib.import_module(f"phases.{phase}.{name}") for name in ("router", "worker"))
+
+    class InProcessPool:
+        def __init__(self, model, options, parallel, world_size):
+            options = {k: v for k, v in options.items() if k not in ("parallel", "world_size")}
+            self.engines = [LLM(model, **options) for _ in range(world_size)]
+
+        def call(self, commands):
+            return {rank: worker.run_call(self.engines[rank], payload, lambda: True)
+                    for rank, (_, payload) in commands.items()}
+
+    monkeypatch.setattr(router, "WorkerPool", InProcessPool)
+    small = dict(device="cpu", dtype="float32", block_size=4, kv_cache_bytes=16 * 4 * 512)   # tiny-llama: 512 B/token
+    prompts, params = [[5 + i] * 8 for i in range(4)], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4
+    params[2] = SamplingParams(max_tokens=100, ignore_eos=True)                      # 108 tokens: 27 blocks
+    refusal = r"^request 2: prompt \+ max_tokens \(108 tokens\) needs 27 KV blocks but the whole pool has 16"
+    with pytest.raises(ValueError, match=refusal):
+        LLM("tiny-llama", **small).generate(prompts, params)
+    for mode in MODES.values():
+        with pytest.raises(ValueError, match=refusal):
+            ParallelLLM("tiny-llama", **small, **mode).generate(prompts, params)
