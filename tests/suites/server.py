@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -284,10 +285,20 @@ def test_priority_reaches_the_engine(server, client, monkeypatch):
 
 
 def test_serve_refuses_bad_options_with_a_message(phase, capsys):
+    """A malformed --engine-options, an option the engine does not take, or a bad value: one line
+    on stderr and exit code 2, from this process, before any engine process starts."""
     serve = importlib.import_module(f"phases.{phase}.serve")
     with pytest.raises(SystemExit):
         serve.parse_args(["--engine-options", "foo"])
     assert "key=value" in capsys.readouterr().err
+    before = set(multiprocessing.active_children())
+    for options, message in (("foo=1", "error: unknown engine option foo (the engine takes: "),
+                             ("max_num_seqs=0", "error: max_num_seqs must be a positive integer")):
+        with pytest.raises(SystemExit) as exit_:
+            serve.main(["--model", "tiny-llama", "--device", "cpu", "--engine-options", options])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert set(multiprocessing.active_children()) == before
     with pytest.raises(ValueError, match="max_waiting"):
         importlib.import_module(f"phases.{phase}").AsyncLLM("tiny-llama", max_waiting=-1, device="cpu")
 
