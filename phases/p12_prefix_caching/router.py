@@ -72,7 +72,7 @@ class ParallelLLM:
         requests = [(*r, pri) for r, pri in zip(requests, check_priorities(priorities, len(requests)))]
         costs = [len(ids) + p.max_tokens for ids, p, _ in requests]
         shares = least_outstanding_tokens(costs, len(self.entry_ranks))
-        commands = {rank: ("generate", [requests[i] for i in share])
+        commands = {rank: ("generate", [(i, *requests[i]) for i in share])    # i names a request that fails
                     for rank, share in zip(self.entry_ranks, shares) if share}
         replies = self.pool.call(commands)
         outputs: list[Output | None] = [None] * len(requests)

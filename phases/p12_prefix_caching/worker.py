@@ -92,7 +92,7 @@ def init_distributed(rank: int, world_size: int, port: int, device: str) -> None
 
 
 def serve(engine, commands, results, rank: int, current) -> None:
-    """Run every ("generate", call id, [(prompt ids, params, priority), ...]) until STOP. A request this
+    """Run every ("generate", call id, [(index, prompt ids, params, priority), ...]) until STOP. A request this
     engine cannot take (ValueError) or any other failure of one call is reported, and the worker
     keeps serving; a call the parent gave up on gets no reply."""
     while (command := commands.get()) != STOP:
@@ -116,8 +116,11 @@ def run_call(engine, requests, wanted) -> list | None:
     is idle afterwards: what is left of the call is aborted and its blocks are free."""
     ids, outputs = [], {}
     try:
-        for prompt, params, priority in requests:     # each is checked as it is added (ValueError)
-            ids.append(engine.add_request(prompt, params, priority))
+        for index, *request in requests:    # each is checked as it is added, and named as LLM.generate names it
+            try:
+                ids.append(engine.add_request(*request))
+            except ValueError as e:
+                raise ValueError(str(e).replace("the request", f"request {index}", 1)) from None
         while engine.has_unfinished() and wanted():
             outputs.update(engine.step())
     finally:

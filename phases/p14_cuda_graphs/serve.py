@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 
 import uvicorn
@@ -21,6 +22,7 @@ import uvicorn
 from common.bench import parse_engine_options
 
 from .async_engine import AsyncLLM
+from .config import EngineConfig
 from .server import MAX_BODY_BYTES, build_app
 
 EXIT_AFTER_DEAD_S = 1.0    # time for the replies in flight to carry the engine's error out
@@ -48,10 +50,25 @@ def parse_args(argv=None):
     return args
 
 
+def check_options(model: str, options: dict) -> None:
+    """The engine's config, built here before its process starts: a bad option is one line on
+    stderr and exit code 2 (a usage error), not a traceback from the engine process."""
+    known = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]     # --model names the model
+    unknown = sorted(set(options) - set(known))
+    try:
+        if unknown:
+            raise ValueError(f"unknown engine option {', '.join(unknown)} (the engine takes: {', '.join(known)})")
+        EngineConfig(model=model, **options)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     options = {k: v for k, v in {"device": args.device, "dtype": args.dtype}.items() if v is not None} \
         | args.engine_options
+    check_options(args.model, options)
     try:
         engine = AsyncLLM(args.model, max_waiting=args.max_waiting, **options)
     except (ValueError, RuntimeError) as e:
