@@ -29,19 +29,19 @@ request is wrong and the measured rate falls below the asked one.
 from __future__ import annotations
 
 import random
+import re
 import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from . import bench, measure, runner_args, stats, workloads
 from .device import device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
-from .report import engine_label, table
+from .report import table
 from .results import RESULTS, ROOT, device_tag, provenance, read_records, refresh, write_records
 
 PASSAGE = ("The Great Barrier Reef, off the coast of Queensland, Australia, is the world's largest coral reef "
@@ -305,6 +305,24 @@ def acceptance_table(records: list[dict]) -> str:
     return table(header, rows) + "".join(source(recs, recs[0]["file"].rsplit("/", 1)[-1]) for recs in runs)
 
 
+def headline(records: list[dict], k: int = 4) -> str:
+    """The first screen's line: prompt lookup's acceptance on the real model, grounded and open."""
+    recs = newest([r for r in records if r["file"].endswith("/acceptance-cpu.json")], "acceptance")
+    mine = {r["setting"]["prompts"]: r for r in recs if r["setting"].get("speculative") == "ngram"
+            and r["setting"].get("num_speculative_tokens") == k}
+    if set(mine) != set(PROMPT_SETS):
+        return "_No acceptance run yet: `make phase-13 bench PART=acceptance` (a CPU)._"
+    g, o = (mine[name]["metrics"] for name in ("grounded", "open"))
+    twin = next(r for r in recs if r["engine"] == "p12" + TWIN and r["setting"]["prompts"] == "grounded")
+    tpot = [versus(r, recs, "tpot_p50_ms") for r in (mine["grounded"], mine["open"], twin)]
+    sha = mine["grounded"]["provenance"]["git_sha"][:7]
+    return (f"**Prompt lookup on the real SmolLM2, k = {k}: acceptance {g['acceptance_rate']:.2f} on grounded "
+            f"prompts, {o['acceptance_rate']:.2f} on open-ended ones**; tokens per target step "
+            f"{g['tokens_per_step']:.2f} and {o['tokens_per_step']:.2f} (greedy, {MAX_TOKENS[twin['scale']]} new "
+            f"tokens, six prompts each: the same on any machine). TPOT over p12 on this run's CPU: {tpot[0]} and "
+            f"{tpot[1]}; A/A {tpot[2]} (git {sha}).")
+
+
 def speed_table(records: list[dict], device: str = "NVIDIA H200") -> str:
     rows, used = [], []
     for workload in ("latency", "concurrency"):
@@ -327,9 +345,8 @@ def speed_table(records: list[dict], device: str = "NVIDIA H200") -> str:
 
 def update_readme(phase: str, check: bool = False) -> bool:
     """Rewrite the README's spec-decode markers from results/<phase>/; whether they were stale."""
-    import re
     path, records = ROOT / "phases" / phase / "README.md", read_records(phase)
-    texts = {"acceptance": acceptance_table(records), "speed": speed_table(records)}
+    texts = {"headline": headline(records), "acceptance": acceptance_table(records), "speed": speed_table(records)}
     text = re.sub(MARKER_RE, lambda m: m.group(1) + texts[m.group(2)] + "\n" + m.group(4), path.read_text(), flags=re.S)
     return refresh(path, text, check)
 

@@ -36,8 +36,8 @@ class Sequence:
                                                     # first admission (None until admitted)
         self.num_overtaken = 0              # later arrivals admitted before it (cache-aware admission)
         self._block_keys: list[tuple[int, ...]] = []
-        # Tokens a proposer drafted after the newest one, for this step to verify: fed to the
-        # forward after the real tokens, never part of output_ids (speculator.py keeps or drops them).
+        # Tokens a proposer drafted after the newest one, for this step to verify: token_ids_from()
+        # feeds them after the real tokens; never output_ids (speculator.py keeps or drops them).
         self.draft_ids: list[int] = []
 
     @property
@@ -51,8 +51,8 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     def token_ids_from(self, start: int) -> list[int]:
-        """Tokens at positions [start, num_tokens), then the drafts: what a step computing them feeds
-        in (a decode's one newest token without copying the history before it)."""
+        """Tokens at positions [start, num_tokens): what a step computing them feeds in (a decode's
+        one newest token without copying the history before it)."""
         n = len(self.prompt_ids)
         return (self.output_ids[start - n:] if start >= n else self.prompt_ids[start:] + self.output_ids) + self.draft_ids
 
