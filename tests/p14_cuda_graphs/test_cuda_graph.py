@@ -54,7 +54,7 @@ def static_runner(llm, max_batch=8):
 def test_static_buffer_path_gives_the_eager_tokens(smollm2):
     """Five prompts decode in bucket 8 (three padded lanes), then fewer as they finish: the
     padded, statically buffered forward must give the eager engine's greedy tokens."""
-    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in (20, 7, 13, 3, 20)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in (10, 4, 7, 2, 10)]
     eager = [o.token_ids for o in smollm2.generate(PROMPTS, params)]
     smollm2.runner.graphs = static_runner(smollm2)
     try:
