@@ -295,13 +295,14 @@ def acceptance_table(records: list[dict]) -> str:
             for f in sorted({r["file"] for r in records if r["workload"] == "acceptance"})]
     if not runs:
         return "_No acceptance run yet: `make phase-13 bench PART=acceptance`._"
-    rows = [[r["setting"]["prompts"], spec_label(r), cell(r["metrics"], "acceptance_rate", ".2f"),
-             cell(r["metrics"], "mean_accepted_len", ".2f"), cell(r["metrics"], "tokens_per_step", ".2f"),
+    rows = [[r["setting"]["prompts"], spec_label(r), cell(r["metrics"], "drafted_share", ".2f"),
+             cell(r["metrics"], "acceptance_rate", ".2f"), cell(r["metrics"], "mean_accepted_len", ".2f"),
+             cell(r["metrics"], "tokens_per_step", ".2f"),
              cell(r["metrics"], "tpot_p50_ms", ".1f"), cell(r["metrics"], "itl_ms_p50", ".1f"),
              versus(r, recs, "tpot_p50_ms"), versus(r, recs, "output_tok_s")]
             for recs in runs for r in sorted(recs, key=lambda r: r["setting"]["prompts"] != "grounded")]
-    header = ["prompts", "engine", "acceptance", "mean accepted len", "tokens / step", "TPOT p50 ms", "ITL p50 ms",
-              "TPOT vs p12", "out tok/s vs p12"]
+    header = ["prompts", "engine", "steps drafted", "acceptance", "mean accepted len", "tokens / step", "TPOT p50 ms",
+              "ITL p50 ms", "TPOT vs p12", "out tok/s vs p12"]
     return table(header, rows) + "".join(source(recs, recs[0]["file"].rsplit("/", 1)[-1]) for recs in runs)
 
 
@@ -320,7 +321,7 @@ def headline(records: list[dict], k: int = 4) -> str:
             f"prompts, {o['acceptance_rate']:.2f} on open-ended ones**; tokens per target step "
             f"{g['tokens_per_step']:.2f} and {o['tokens_per_step']:.2f} (greedy, {MAX_TOKENS[twin['scale']]} new "
             f"tokens, six prompts each: the same on any machine). TPOT over p12 on this run's CPU: {tpot[0]} and "
-            f"{tpot[1]}; A/A {tpot[2]} (git {sha}).")
+            f"{tpot[1]}; A/A {tpot[2].removesuffix(' A/A')} (git {sha}).")
 
 
 def speed_table(records: list[dict], device: str = "NVIDIA H200") -> str:
