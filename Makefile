@@ -107,6 +107,7 @@ results: setup
 	$(PY) -m common.runs
 	for r in $$(grep -l '<!-- long-mix:' phases/*/README.md); do $(PY) -m common.long_mix readme $$(basename $$(dirname $$r)); done
 	for r in $$(grep -l '<!-- shared-prefix:' phases/*/README.md); do $(PY) -m common.shared_prefix readme $$(basename $$(dirname $$r)); done
+	for r in $$(grep -l '<!-- spec-decode:' phases/*/README.md); do $(PY) -m common.spec_decode readme $$(basename $$(dirname $$r)); done
 	$(PY) -m common.notebooks
 
 clean:

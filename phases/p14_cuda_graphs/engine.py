@@ -1,8 +1,7 @@
 """LLM: the engine. Continuous batching over a paged KV cache: every step runs one batch from one
 token budget, a decode token for every running request (with drafted tokens to verify, when
 speculative decoding is on) and prefill chunks beside them; requests join and leave between steps,
-and a new one skips the prefix whose K/V a request before it left
-in the cache."""
+and a new one skips the prefix whose K/V a request before it left in the cache."""
 from __future__ import annotations
 
 import itertools
@@ -137,11 +136,11 @@ class LLM:
         sample or verify, append, roll back, and retire the finished requests. A prompt whose step
         was not its last chunk samples nothing: its row's logits are dropped.
         The step's K/V is written now: its full blocks join the prefix cache first (blocks of real
-        tokens only: a draft is no key of the cache, kept or not)."""
+        tokens only: a draft's position joins once the draft is kept, a token like any other)."""
         scheduler.written(seqs)
         scored = scored or [1] * len(seqs)
         spans = [(end - n, end) for n, end in zip(scored, itertools.accumulate(scored))]
-        rows = [i for i, seq in enumerate(seqs) if seq.num_pending_tokens <= 0]   # (a verify's: -k)
+        rows = [i for i, seq in enumerate(seqs) if seq.num_pending_tokens <= 0]   # (a verify's is -k)
         seqs, spans = [seqs[i] for i in rows], [spans[i] for i in rows]
         with stage("sampling"):
             generators = [self.generators[s.seq_id] for s in seqs]
