@@ -43,6 +43,12 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 	@$(PY) -c "import sys; from common.smollm2 import converted_dir; print('SmolLM2 ready in', converted_dir(), file=sys.stderr)"
 
+# One pytest worker per core (tests/conftest.py gives each one torch thread: the tests' tensors are
+# small, and two workers of two threads each on two cores run slower than one worker alone).
+# A test module stays on one worker (its module-scoped engines are built once). JOBS=1: one process.
+JOBS ?= auto
+WORKERS := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --maxprocesses 8 --dist loadscope)
+
 # --- one phase: make phase-NN run|bench|test|profile -------------------------------------
 PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
 ifneq ($(PHASE_GOAL),)
@@ -57,7 +63,7 @@ ifeq ($(ACTION),run)
 else ifeq ($(ACTION),bench)
 	$(PY) -m phases.$(PHASE).bench $(if $(PART),--part $(PART)) $(ARGS)
 else ifeq ($(ACTION),test)
-	$(PY) -m pytest tests/$(PHASE) $(ARGS)
+	$(PY) -m pytest tests/$(PHASE) $(WORKERS) $(ARGS)
 else ifeq ($(ACTION),profile)
 	@test -f phases/$(PHASE)/profiler.py || { echo "phase $(PHASE) has no profile mode (phase 05 on)"; exit 2; }
 	$(PY) -m phases.$(PHASE) --profile $(ARGS)
@@ -78,10 +84,10 @@ run: setup
 	@$(PY) -m phases.$(NEWEST) --chat $(ARGS)
 
 test: setup
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests $(WORKERS) $(ARGS)
 
 test-all: setup
-	$(PY) -m pytest tests --all-phases $(ARGS)
+	$(PY) -m pytest tests --all-phases $(WORKERS) $(ARGS)
 endif
 
 # --- make diff-NN: phase NN-1 vs phase NN, without results and READMEs ---------------------
@@ -105,9 +111,8 @@ diff-%:
 results: setup
 	$(PY) -m common.report
 	$(PY) -m common.runs
-	for r in $$(grep -l '<!-- long-mix:' phases/*/README.md); do $(PY) -m common.long_mix readme $$(basename $$(dirname $$r)); done
-	for r in $$(grep -l '<!-- shared-prefix:' phases/*/README.md); do $(PY) -m common.shared_prefix readme $$(basename $$(dirname $$r)); done
-	for r in $$(grep -l '<!-- spec-decode:' phases/*/README.md); do $(PY) -m common.spec_decode readme $$(basename $$(dirname $$r)); done
+	for tag in long-mix shared-prefix spec-decode; do for r in $$(grep -l "<!-- $$tag:" phases/*/README.md); do \
+		$(PY) -m common.$${tag/-/_} readme $$(basename $$(dirname $$r)) || exit 1; done; done
 	$(PY) -m common.notebooks
 
 clean:

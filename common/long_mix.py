@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
-import re
 import sys
 import time
 import uuid
@@ -38,7 +37,7 @@ from .device import device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
 from .report import engine_label, short_sha, table
-from .results import RESULTS, ROOT, device_tag, provenance, read_records, write_records
+from .results import RESULTS, device_tag, fill_readme_blocks, provenance, read_records, write_records
 from .workloads import PROMPT_ID_RANGE, greedy
 
 WORKLOAD = "long-mix"
@@ -198,7 +197,6 @@ def line(rec: dict) -> str:
 
 
 # --- the README's generated lines: `python -m common.long_mix readme <phase>` ---------------------
-MARKER = re.compile(r"(<!-- long-mix:(\w+) -->\n)(.*?)(<!-- /long-mix:\2 -->)", re.S)
 GPU = "NVIDIA H200"
 
 
@@ -279,11 +277,9 @@ def results_table(records: list[dict], device: str = GPU) -> str:
 
 
 def update_readme(phase: str) -> None:
-    """Rewrite the README's long-mix markers (headline, table) from results/<phase>/."""
-    path, records = ROOT / "phases" / phase / "README.md", read_records(phase)
-    texts = {"headline": headline(records, phase), "table": results_table(records)}
-    text = MARKER.sub(lambda m: m.group(1) + texts[m.group(2)] + "\n" + m.group(4), path.read_text())
-    path.write_text(text)
+    """Rewrite the README's long-mix blocks (headline, table) from results/<phase>/."""
+    records = read_records(phase)
+    fill_readme_blocks(phase, "long-mix", {"headline": headline(records, phase), "table": results_table(records)})
 
 
 def main(argv=None, part: str | None = None, make_command: str | None = None) -> list[dict]:

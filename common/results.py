@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import platform
 import subprocess
 import sys
@@ -95,6 +96,14 @@ def refresh(path: Path, text: str, check: bool) -> bool:
     if stale and not check:
         path.write_text(text)
     return stale
+
+
+def fill_readme_blocks(phase: str, tag: str, texts: dict[str, str], check: bool = False) -> bool:
+    """Rewrite the generated blocks of phases/<phase>/README.md, each between
+    `<!-- tag:name -->` and `<!-- /tag:name -->`, with texts[name]; whether any was stale."""
+    path = ROOT / "phases" / phase / "README.md"
+    block = re.compile(rf"(<!-- {re.escape(tag)}:(\w+) -->\n)(.*?)(<!-- /{re.escape(tag)}:\2 -->)", re.S)
+    return refresh(path, block.sub(lambda m: m.group(1) + texts[m.group(2)] + "\n" + m.group(4), path.read_text()), check)
 
 
 def write_json(path: Path, data) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 import sys
 import time
 import uuid
@@ -44,7 +43,7 @@ from .engines import make_engine
 from .loader import resolve
 from .long_mix import percentile
 from .report import short_sha, table
-from .results import RESULTS, ROOT, device_tag, provenance, read_records, write_records
+from .results import RESULTS, device_tag, fill_readme_blocks, provenance, read_records, write_records
 from .workloads import PROMPT_ID_RANGE, greedy
 
 BLOCK = 16           # the block size the ideal hit rate is counted in (the engines' default)
@@ -234,7 +233,6 @@ def engine_options(rec: dict) -> str:
 
 
 # --- the README's generated lines: `python -m common.shared_prefix readme <phase>` ----------------
-MARKER = re.compile(r"(<!-- shared-prefix:(\w+) -->\n)(.*?)(<!-- /shared-prefix:\2 -->)", re.S)
 GPU = "NVIDIA H200"
 ORDER = ("shared-prefix", "no-sharing", "multi-turn", "chat")
 
@@ -339,11 +337,10 @@ def label(rec: dict) -> str:
 
 
 def update_readme(phase: str) -> None:
-    """Rewrite the README's shared-prefix markers (headline, table) from results/<phase>/."""
-    path, records = ROOT / "phases" / phase / "README.md", read_records(phase)
-    texts = {"headline": headline(records, phase), "chat": chat_line(records, phase),
-             "table": results_table(records, phase)}
-    path.write_text(MARKER.sub(lambda m: m.group(1) + texts[m.group(2)] + "\n" + m.group(4), path.read_text()))
+    """Rewrite the README's shared-prefix blocks (headline, chat line, table) from results/<phase>/."""
+    records = read_records(phase)
+    fill_readme_blocks(phase, "shared-prefix", {"headline": headline(records, phase), "chat": chat_line(records, phase),
+                                                "table": results_table(records, phase)})
 
 
 def main(argv=None, part: str | None = None, make_command: str | None = None) -> list[dict]:

@@ -29,7 +29,6 @@ request is wrong and the measured rate falls below the asked one.
 from __future__ import annotations
 
 import random
-import re
 import sys
 import uuid
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from .device import device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
 from .report import table
-from .results import RESULTS, ROOT, device_tag, provenance, read_records, refresh, write_records
+from .results import RESULTS, device_tag, fill_readme_blocks, provenance, read_records, write_records
 
 PASSAGE = ("The Great Barrier Reef, off the coast of Queensland, Australia, is the world's largest coral reef "
            "system. It is made of over 2,900 individual reefs and 900 islands stretching over 2,300 kilometres. "
@@ -242,7 +241,6 @@ def options(spec: str) -> dict:
 
 
 # --- the README's generated tables: `python -m common.spec_decode readme <phase>` ---------------------
-MARKER_RE = r"(<!-- spec-decode:(\w+) -->\n)(.*?)(<!-- /spec-decode:\2 -->)"
 
 
 def newest(records: list[dict], workload: str, **where) -> list[dict]:
@@ -346,10 +344,9 @@ def speed_table(records: list[dict], device: str = "NVIDIA H200") -> str:
 
 def update_readme(phase: str, check: bool = False) -> bool:
     """Rewrite the README's spec-decode markers from results/<phase>/; whether they were stale."""
-    path, records = ROOT / "phases" / phase / "README.md", read_records(phase)
+    records = read_records(phase)
     texts = {"headline": headline(records), "acceptance": acceptance_table(records), "speed": speed_table(records)}
-    text = re.sub(MARKER_RE, lambda m: m.group(1) + texts[m.group(2)] + "\n" + m.group(4), path.read_text(), flags=re.S)
-    return refresh(path, text, check)
+    return fill_readme_blocks(phase, "spec-decode", texts, check)
 
 
 # --- the command ------------------------------------------------------------------------------------

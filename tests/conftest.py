@@ -1,4 +1,4 @@
-"""Shared test set-up: repo root on sys.path, the lineage-aware selection of `make test`
+"""Shared test set-up: repo root on sys.path, one CPU thread, the lineage-aware selection of `make test`
 (tests/selection.py: a suite in full where its files changed, its smoke subset elsewhere), GPU
 auto-skip, and the session-wide HF reference.
 
@@ -8,11 +8,18 @@ computed once per session per preset (see tests/reference.py) and every engine i
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# One CPU thread per test process, and per process a test starts (OMP_NUM_THREADS is inherited).
+# The tests' matrices are small: a second thread gains nothing, and `make test` runs one pytest
+# worker per core, whose threads would otherwise contend for the same cores (twice the wall time).
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -86,6 +93,12 @@ def phase(request) -> str:
 @pytest.fixture(scope="module")
 def LLM(phase):  # noqa: N802 - named like the class it returns, so suites read naturally
     return importlib.import_module(f"phases.{phase}").LLM
+
+
+@pytest.fixture(scope="module")
+def previous(request) -> str:
+    """The phase the phase under test is compared with (the test module's PREVIOUS)."""
+    return request.module.PREVIOUS
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,12 @@ SUITES: dict[str, Suite] = {
     "served": Suite(("served.py", "serve.py", "server.py", "async_engine.py", "engine_loop.py", "worker.py",
                      "worker_pool.py"),
                     smoke=("test_served_engine_gives_the_offline_tokens",)),
+    # the plan (chunks, budget, partial prefills, preemption mid-prompt) is the scheduler's, what a
+    # chunk reads is the runner's and the backends'; the smoke chunks a long prompt beside a decode
+    "chunked_prefill": Suite(("scheduler.py", "model_runner.py", "attention_backends.py", "block_manager.py",
+                              "sequence.py"),
+                             smoke=("test_a_prompt_longer_than_the_budget_is_accepted",
+                                    "test_decodes_first_then_chunks_in_one_step")),
     # the verify, rollback and proposers; the smoke drafts through the engine and the prefix cache
     "speculative_decoding": Suite(("speculator.py", "proposers.py", "draft_proposer.py", "sampler.py", "engine.py",
                                    "block_manager.py", "sequence.py", "model_runner.py"),

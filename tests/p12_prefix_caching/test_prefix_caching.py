@@ -12,12 +12,12 @@ import importlib
 import pytest
 
 from common.sampling import SamplingParams
+from tests.suites import chunked_prefill as chunked   # its workload and helpers
 
 PHASE, PREVIOUS = "p12_prefix_caching", "p11_chunked_prefill"
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4      # tiny-llama: K and V x 2 layers x 2 kv heads x head_dim 16 x fp32
 BLOCK = 4
 scheduler_module = importlib.import_module(f"phases.{PHASE}.scheduler")
-chunked = importlib.import_module(f"tests.{PHASE}.test_chunked_prefill")
 
 
 def engine(phase: str = PHASE, preset: str = "tiny-llama", **options):
@@ -208,7 +208,7 @@ def _nodes(tree):
     return out
 # --- preemption, aborts, admission ----------------------------------------------------------------
 def preempted_run(preemption: str):
-    """preempt_mid_prefill's setting (test_chunked_prefill): a long prompt chunked beside a
+    """preempt_mid_prefill's setting (tests/suites/chunked_prefill.py): a long prompt chunked beside a
     decode in an 11-block pool is preempted between two chunks, then resumed."""
     llm = engine(max_num_batched_tokens=8, max_num_seqs=4, preemption=preemption, **pool(11))
     plans, seen = chunked.recorded_plans(llm), []
@@ -284,19 +284,19 @@ def test_cache_aware_admission_prefers_hits_but_never_starves_a_miss():
 
 
 # --- same tokens: the real model, and the previous phase with the cache on and off ------------------
-def test_real_model_hit_gives_the_miss_tokens(real_prompts):
+def test_real_model_hit_gives_the_miss_tokens(real_prompts, hf_reference):
     """SmolLM2, greedy: every prompt run cold, then again after all of them (each now reads its
-    own cached prefix, and the chat prompts the shared system prompt): the same tokens."""
+    own cached prefix, and the chat prompts the shared system prompt): the same tokens, HF's."""
     llm = engine(preset="smollm2-135m", block_size=16)
     cold = [o.token_ids for o in llm.generate(real_prompts, greedy(16))]
     hits = llm.scheduler.cache_hits
     warm = [o.token_ids for o in llm.generate(real_prompts, greedy(16))]
     assert llm.scheduler.cache_hits - hits > 0.9 * sum(len(p) - 16 for p in real_prompts)
-    assert warm == cold == reference(real_prompts, greedy(16), preset="smollm2-135m", block_size=16)
+    assert warm == cold == [ref[:16] for ref in hf_reference("smollm2-135m")]
 
 
 def shared_prefix_workload():
-    """mixed_workload (test_chunked_prefill): staggered, sampled and greedy, priorities; every
+    """mixed_workload (tests/suites/chunked_prefill.py): staggered, sampled and greedy, priorities; every
     other prompt now starts with one of two shared 'system prompts' (9 and 21 tokens)."""
     systems = [list(range(500, 509)), list(range(600, 621))]
     return [(arrival, systems[i % 4 // 2] + prompt if i % 2 else prompt, params, priority)
