@@ -1,4 +1,4 @@
-"""The long-mix workload (DESIGN section 6): steady decode streams plus Poisson arrivals of long
+"""The long-mix workload: steady decode streams plus Poisson arrivals of long
 prompts, and its runner: what a long prefill does to the requests decoding beside it.
 
   python -m common.long_mix --phase p11_chunked_prefill --presets llama-1b \

@@ -3,10 +3,16 @@
 Every notebooks/*.ipynb (or the ones named) runs top to bottom with nbclient in a kernel on this
 interpreter, with the repository root as working directory, and is written back with its outputs.
 Notebooks only read results/, so this is quick and needs no GPU.
+
+Once they ran cleanly, notebooks/executed.json records the digest of what each one ran on (the
+notebook, results/, common/, the pinned stack): `make test` runs a notebook again only when its
+inputs differ from the recorded ones (tests/common/test_notebooks.py).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +26,31 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 CELL_TIMEOUT_S = 300
 OWN_KERNEL = "mini-infer"          # installed into this venv when "python3" would run another Python
+EXECUTED = NOTEBOOKS / "executed.json"   # {notebook name: inputs_digest} of the last clean run here
+
+
+def inputs_digest(path: Path) -> str:
+    """What a notebook's run depends on: the notebook, every file under results/ (a review
+    notebook reads other phases' records), the common/ code it calls, and the pinned stack."""
+    digest = hashlib.sha256()
+    inputs = [path, ROOT / "requirements.txt", *sorted((ROOT / "common").glob("*.py")),
+              *sorted(f for f in (ROOT / "results").rglob("*") if f.is_file())]
+    for f in inputs:
+        digest.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def executed_on_these_inputs(path: Path) -> bool:
+    """Whether notebooks/executed.json says this notebook ran cleanly on exactly today's inputs."""
+    done = json.loads(EXECUTED.read_text()) if EXECUTED.is_file() else {}
+    return done.get(path.stem) == inputs_digest(path)
+
+
+def record_executed(paths: list[Path]) -> None:
+    """After clean runs (and once every notebook has written its figures): their digests."""
+    done = json.loads(EXECUTED.read_text()) if EXECUTED.is_file() else {}
+    done |= {p.stem: inputs_digest(p) for p in paths if p.parent == NOTEBOOKS}
+    EXECUTED.write_text(json.dumps(dict(sorted(done.items())), indent=1) + "\n")
 
 
 def _runs_here(argv: list[str]) -> bool:
@@ -80,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="*", help="names or paths (default: every notebooks/*.ipynb)")
     args = p.parse_args(argv)
-    kernel = kernel_name()
-    for path in find(args.notebooks):
+    kernel, paths = kernel_name(), find(args.notebooks)
+    for path in paths:
         print(f"[notebooks] executing {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}",
               flush=True)
         execute(path, kernel)
+    record_executed(paths)
     return 0
 
 

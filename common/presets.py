@@ -1,4 +1,4 @@
-"""Model presets: the real SmolLM2 and seeded random-weight shapes (DESIGN section 4).
+"""Model presets: the real SmolLM2 and seeded random-weight shapes.
 
 A random preset is an HF config (Llama or Qwen2 family) plus a seed: its weights are drawn on the
 target device at load time, so nothing is downloaded or cached.

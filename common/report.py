@@ -1,4 +1,4 @@
-"""Generated README tables: `python -m common.report [--check]` (DESIGN section 6).
+"""Generated README tables: `python -m common.report [--check]`.
 
 Rewrites what lies between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in README.md and
 phases/*/README.md from the JSON under results/; results are never typed by hand. Names:

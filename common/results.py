@@ -1,4 +1,4 @@
-"""Result files: lists of records with provenance (DESIGN section 6), and reading them back."""
+"""Result files: lists of records with provenance, and reading them back."""
 from __future__ import annotations
 
 import datetime

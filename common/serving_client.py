@@ -1,5 +1,5 @@
 """A serving benchmark client: streams requests to an OpenAI-compatible server's /v1/completions
-and measures what the server's users see (DESIGN section 6, the `serving` workload).
+and measures what the server's users see (the `serving` workload).
 
 Per request, on this client's clock (time.perf_counter, seconds):
   TTFT   request sent -> first chunk that carries a token

@@ -1,4 +1,4 @@
-"""The shared-prefix workloads (DESIGN section 6): requests that begin alike, and their runner:
+"""The shared-prefix workloads: requests that begin alike, and their runner:
 what a prefix cache buys, and what it costs where nothing is shared.
 
   python -m common.shared_prefix --phase p12_prefix_caching --presets llama-1b \

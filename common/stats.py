@@ -1,4 +1,4 @@
-"""Repeated samples and same-run ratios (DESIGN section 6). Torch-free: the report uses it too.
+"""Repeated samples and same-run ratios. Torch-free: the report uses it too.
 
 A record holds one sample per repeat ({"repeat": i, metric: value, ...}); its metrics are the
 medians, its spread the min-max. Two engines of one run were measured in the same repeat rounds

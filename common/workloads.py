@@ -1,4 +1,4 @@
-"""The benchmark workloads (DESIGN section 6) as (prompt ids, SamplingParams) lists.
+"""The benchmark workloads as (prompt ids, SamplingParams) lists.
 
 Prompts are random token ids (seeded), outputs are forced to their length with ignore_eos, and
 decoding is greedy so every engine does identical work and can be compared token for token.

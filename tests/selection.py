@@ -10,7 +10,8 @@ subset that still drives the phase's own engine end to end:
 - full: in the first phase that runs the suite, and in every phase where one of its files differs
   from (or is missing in) the nearest earlier phase that runs the suite;
 - smoke: everywhere else, only the tests named in `smoke` (test function names; all their
-  parametrizations run).
+  parametrizations run). A suite whose smoke checks a subset of what its full tests check says
+  `smoke_only=True`: where it runs in full, its smoke does not run beside it.
 
 A suite not declared here runs in full in every phase (so a new suite is safe until declared), and
 so does every test that a phase's own file defines (only functions defined in tests/suites/ are
@@ -44,6 +45,7 @@ NOT_CODE = {"README.md", "CHANGES"}             # what ALL leaves out (tests/tes
 class Suite:
     files: tuple[str, ...]      # the phase files whose code the suite's tests check
     smoke: tuple[str, ...]      # the tests that run where those files are unchanged
+    smoke_only: bool = False    # the smoke checks a subset of what the full suite checks: not run beside it
 
 
 # The files a suite's tests check, not every file its engine passes through: the smoke subsets
@@ -55,7 +57,7 @@ SUITES: dict[str, Suite] = {
     # one batch, a shorter run), so the rest of the engine is driven too
     "correctness": Suite(("model.py", "layers.py", "attention.py", "attention_backends.py", "triton_decode.py",
                           "kv_cache.py", "model_runner.py", "sampler.py"),
-                         smoke=("test_real_model_matches_hf_prefix",)),
+                         smoke=("test_real_model_matches_hf_prefix",), smoke_only=True),   # full: 64 ids, not 16
     # the checks are common/requests.py's and config.py's; the engine's part, calling them before
     # any work, is what the smoke's test_bad_request_in_batch_does_no_work checks in every phase
     "bad_input": Suite(("config.py",),
@@ -76,10 +78,11 @@ SUITES: dict[str, Suite] = {
     "profile": Suite(("profiler.py", "__main__.py"), smoke=("test_summary_has_every_stage_and_sane_numbers",)),
     "vectorized_gather": Suite(("kv_cache.py", "model_runner.py", "attention.py"),
                                smoke=("test_gather_equals_a_per_sequence_reference",)),
-    # its two tests are the smoke: every phase from p05 on starts its own replicas and its own
-    # pipeline once (a pipeline's steps follow the phase's scheduler, whatever files it changes)
+    # the smoke: every phase from p05 on runs its own pipeline once (a pipeline's steps follow the
+    # phase's scheduler, whatever files it changes); a replica is the phase's whole in-process
+    # engine behind the same worker code, so replicas run where that code changed
     "replicas": Suite(("router.py", "worker.py", "worker_pool.py", "pipeline.py"),
-                      smoke=("test_replicas_give_the_in_process_tokens", "test_pipeline_gives_the_in_process_tokens")),
+                      smoke=("test_pipeline_gives_the_in_process_tokens",)),
     # faults are the pool's and the router's (call ids, aborts, dead workers); pipeline.py describes
     # steps, which the replicas suite's pipeline test above checks in every phase. The smoke starts
     # no process: the replicas suite drives the phase's workers end to end
@@ -92,13 +95,13 @@ SUITES: dict[str, Suite] = {
                     smoke=("test_completion_equals_offline_engine", "test_streamed_completion_equals_whole_one",
                            "test_hundred_aborted_streams_free_the_pool_and_leave_no_state",
                            "test_serve_refuses_bad_options_with_a_message")),
-    "served": Suite(("served.py", "serve.py", "server.py", "async_engine.py", "engine_loop.py", "worker.py",
-                     "worker_pool.py"),
+    # processes: who starts, watches and ends the server and its engine (what the server answers is
+    # the server suite's); the smoke serves the phase's engine through them
+    "served": Suite(("served.py", "serve.py", "async_engine.py", "worker.py", "worker_pool.py"),
                     smoke=("test_served_engine_gives_the_offline_tokens",)),
     # the plan (chunks, budget, partial prefills, preemption mid-prompt) is the scheduler's, what a
     # chunk reads is the runner's and the backends'; the smoke chunks a long prompt beside a decode
-    "chunked_prefill": Suite(("scheduler.py", "model_runner.py", "attention_backends.py", "block_manager.py",
-                              "sequence.py"),
+    "chunked_prefill": Suite(("scheduler.py", "model_runner.py", "attention_backends.py", "block_manager.py"),
                              smoke=("test_a_prompt_longer_than_the_budget_is_accepted",
                                     "test_decodes_first_then_chunks_in_one_step")),
     # the verify, rollback and proposers; the smoke drafts through the engine and the prefix cache
@@ -189,6 +192,9 @@ def selected(item, root: Path = ROOT) -> bool:
         if item.get_closest_marker(marker) is not None and not marked_files_changed(marker, phase, root):
             return False
     suite = suite_of(item)
-    if suite is None or runs_in_full(suite, phase, root):
+    if suite is None or suite not in SUITES:
         return True
-    return item.originalname in SUITES[suite].smoke
+    smoke = item.originalname in SUITES[suite].smoke
+    if runs_in_full(suite, phase, root):
+        return not (smoke and SUITES[suite].smoke_only)
+    return smoke

@@ -120,6 +120,14 @@ def test_no_reference_to_what_a_reader_does_not_have(phase):
         assert phrase.lower() not in text.lower(), f"{phase}/README.md mentions {phrase!r}"
 
 
+def test_code_and_notebooks_cite_no_design_document():
+    """The design notes that planned this repository are not part of it: no docstring, comment or
+    notebook sends a reader to them."""
+    files = [*(ROOT / "phases").rglob("*.py"), *(ROOT / "common").rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    cited = [str(f.relative_to(ROOT)) for f in files if re.search(r"DESIGN(\.md| section)", f.read_text())]
+    assert not cited, cited
+
+
 def test_reading_the_numbers_is_short_and_states_the_a_a_rule():
     lines = (ROOT / "README.md").read_text().splitlines()
     start = lines.index("## Reading the numbers")

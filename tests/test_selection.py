@@ -120,3 +120,17 @@ def test_all_phases_runs_everything(monkeypatch):
     monkeypatch.setenv(selection.ENV, "0")
     assert not selection.run_all(SimpleNamespace(getoption=lambda name, default=None: False))
     assert selection.run_all(SimpleNamespace(getoption=lambda name, default=None: name == selection.OPTION))
+
+
+def test_a_smoke_only_test_runs_where_its_suite_does_not_run_in_full():
+    """The correctness smoke (16 greedy ids on the real model) is a subset of the full suite's 64:
+    it runs where the suite's files are the previous phase's, never beside the full suite."""
+    assert SUITES["correctness"].smoke_only
+    full = selection.phases_running("correctness")[0]
+    smoke = next(p for p in selection.phases_running("correctness") if not selection.runs_in_full("correctness", p))
+    assert selection.runs_in_full("correctness", full)
+    for phase, expected in ((full, False), (smoke, True)):
+        item = fake_item(phase, "correctness", "test_real_model_matches_hf_prefix")
+        assert selection.selected(item) is expected, phase
+    assert selection.selected(fake_item(full, "correctness", "test_greedy_matches_hf"))
+    assert not selection.selected(fake_item(smoke, "correctness", "test_greedy_matches_hf"))

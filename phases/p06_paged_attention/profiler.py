@@ -249,7 +249,7 @@ def add_roofline(summary: dict, llm, context_tokens: int, bandwidth: float) -> N
 
 def record(llm, preset: str, scale: str, setting: dict, summary: dict, samples: list[float],
            bandwidth: float, trace: Path | None) -> dict:
-    """A result record (DESIGN section 6) of one batch size's profile."""
+    """A result record (the schema of common/results.py) of one batch size's profile."""
     name = device_name(llm.device)
     return {"phase": PHASE, "engine": ENGINE, "workload": "profile", "preset": preset,
             "dtype": dtype_name(llm.dtype), "scale": scale, "setting": setting, "device": name,

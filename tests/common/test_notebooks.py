@@ -4,7 +4,6 @@
 runs the notebooks it has to run one after another in one kernel, the kernel's namespace reset
 and its figures closed before each: the same cells, without a kernel start and the imports
 (torch among them) per notebook."""
-import hashlib
 import re
 import shutil
 
@@ -20,25 +19,16 @@ NOTEBOOKS = sorted(notebooks.NOTEBOOKS.glob("*.ipynb"))
 MEASURED = re.compile(r"\d[\d,.]*\s*(tok/s|ms|s\b|%|GiB|GB/s|×|x\b)")
 
 
-# Where a notebook that executed cleanly leaves the digest of what it ran on (ignored by git;
-# `make clean` removes it).
+# Where a notebook that executed cleanly in `make test` leaves the digest of what it ran on
+# (ignored by git; `make clean` removes it). `make results` keeps its own in notebooks/executed.json.
 STAMPS = notebooks.ROOT / ".pytest_cache" / "notebooks"
 
 
-def inputs_digest(path) -> str:
-    """What a notebook's run depends on: the notebook, every file under results/ (a review
-    notebook reads other phases' records), the common/ code it calls, and the pinned stack."""
-    root, digest = notebooks.ROOT, hashlib.sha256()
-    inputs = [path, root / "requirements.txt", *sorted((root / "common").glob("*.py")),
-              *sorted(f for f in (root / "results").rglob("*") if f.is_file())]
-    for f in inputs:
-        digest.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def stamped(path) -> bool:
+    """Ran cleanly on exactly these inputs: in `make results` (committed) or in an earlier `make test`."""
     stamp = STAMPS / f"{path.stem}.sha256"
-    return stamp.is_file() and stamp.read_text() == inputs_digest(path)
+    return notebooks.executed_on_these_inputs(path) or \
+        (stamp.is_file() and stamp.read_text() == notebooks.inputs_digest(path))
 
 
 def errors_of(nb) -> list:
@@ -101,16 +91,17 @@ def test_notebook_executes(path, tmp_path, monkeypatch, request, one_kernel_runs
     """Run a copy (the committed notebook keeps its stored outputs); cwd is the repo root, and its
     figures go to a temporary folder (the committed PNGs stay as the last deliberate run left them).
 
-    A notebook runs once per change of what it runs on (inputs_digest): after a clean run its
-    digest is stamped under .pytest_cache/, and `make test` skips it (saying so) while the digest
-    is the same; `make test-all` runs it regardless, in a kernel of its own. A fresh clone (CI) has
-    no stamps, so `make test` runs every notebook there, all in one kernel (the module docstring)."""
-    digest, stamp = inputs_digest(path), STAMPS / f"{path.stem}.sha256"
+    A notebook runs once per change of what it runs on (notebooks.inputs_digest): after a clean
+    run its digest is stamped (by `make results` in notebooks/executed.json, by `make test` under
+    .pytest_cache/), and `make test` skips it (saying so) while the digest is the same; `make
+    test-all` runs it regardless, in a kernel of its own. A fresh clone runs every notebook whose
+    inputs changed since `make results` last ran it, all in one kernel (the module docstring)."""
+    digest, stamp = notebooks.inputs_digest(path), STAMPS / f"{path.stem}.sha256"
     if selection.run_all(request.config):
         monkeypatch.setenv("MINI_INFER_FIGURES", str(tmp_path / "figures"))
         nb = nbformat.read(notebooks.execute(shutil.copy(path, tmp_path / path.name)), as_version=4)
     elif path not in one_kernel_runs:
-        pytest.skip(f"executed cleanly on these inputs before (stamp {stamp.relative_to(notebooks.ROOT)})")
+        pytest.skip("executed cleanly on these inputs before (notebooks/executed.json or .pytest_cache/notebooks)")
     elif isinstance(one_kernel_runs[path], CellExecutionError):
         pytest.fail(f"{path.name} failed:\n{one_kernel_runs[path]}")
     else:
@@ -134,3 +125,25 @@ def test_kernel_runs_this_interpreter():
     name = notebooks.kernel_name()
     argv = notebooks.KernelSpecManager().get_kernel_spec(name).argv
     assert notebooks._runs_here(argv)
+
+
+def test_a_recorded_run_stands_until_an_input_changes(tmp_path, monkeypatch):
+    """make results records each notebook's inputs; a change to the notebook, a result file or the
+    common code makes make test run it again."""
+    for name in ("notebooks", "common", "results/p01"):
+        (tmp_path / name).mkdir(parents=True)
+    nb, record, code = tmp_path / "notebooks" / "p01_x.ipynb", tmp_path / "results/p01/a.json", tmp_path / "common/x.py"
+    for f, text in ((nb, "{}"), (record, "[]"), (code, "x = 1"), (tmp_path / "requirements.txt", "torch")):
+        f.write_text(text)
+    monkeypatch.setattr(notebooks, "ROOT", tmp_path)
+    monkeypatch.setattr(notebooks, "NOTEBOOKS", tmp_path / "notebooks")
+    monkeypatch.setattr(notebooks, "EXECUTED", tmp_path / "notebooks" / "executed.json")
+    assert not notebooks.executed_on_these_inputs(nb)
+    notebooks.record_executed([nb])
+    assert notebooks.executed_on_these_inputs(nb)
+    for f in (nb, record, code):
+        before = f.read_text()
+        f.write_text(before + " ")
+        assert not notebooks.executed_on_these_inputs(nb), f
+        f.write_text(before)
+    assert notebooks.executed_on_these_inputs(nb)
