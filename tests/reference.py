@@ -12,6 +12,7 @@ recomputes them (and rewrites the file).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -130,14 +131,16 @@ def _compute(preset: str) -> list[list[int]]:
 @cache
 def _hf_reference(preset: str, recompute: bool = False) -> tuple[tuple[int, ...], ...]:
     path = CACHE / f"{preset}-{reference_key(preset)}.json"
-    if path.is_file() and not recompute:
-        out = json.loads(path.read_text())
-    else:
-        out = _compute(preset)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")        # whole or absent, never half written
-        tmp.write_text(json.dumps(out))
-        tmp.replace(path)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{preset}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)      # parallel pytest workers: one computes, the others read it
+        if path.is_file() and not recompute:
+            out = json.loads(path.read_text())
+        else:
+            out = _compute(preset)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")    # whole or absent, never half written
+            tmp.write_text(json.dumps(out))
+            tmp.replace(path)
     return tuple(tuple(ids) for ids in out)
 
 
