@@ -2,10 +2,12 @@
 
 Gauges come from the engine loop (sent with every step): requests running, waiting and swapped
 out, KV blocks used and free, and the prefix cache's counts (prompt tokens looked up and found,
-their ratio the hit rate); once the engine process is dead they are left out. Counters and histograms are kept here, on the event loop, from the
-deltas the server streams: tokens generated, prompt tokens, finished requests by reason, time to
-first token and inter-token latency. Names follow vLLM's (`vllm:` becomes `mini_infer:`), so a
-dashboard built for one reads the other.
+their ratio the hit rate); once the engine process is dead they are left out. Counters and
+histograms are kept here, on the event loop, from the deltas the server streams: tokens
+generated, prompt tokens, finished requests by reason, time to first token and inter-token
+latency. Where vLLM has the metric the name is vLLM's with `mini_infer:` for `vllm:`; the
+`kv_blocks_*` gauges and `num_requests_swapped` are this engine's own, and no series carries a
+`model_name` label, so a vLLM dashboard's queries need adapting.
 """
 from __future__ import annotations
 
