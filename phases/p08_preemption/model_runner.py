@@ -12,8 +12,9 @@ from .sequence import Sequence
 
 class ModelRunner:
     """Builds each step's inputs on the host, as plain int lists, and sends them to the device in
-    one copy from pinned memory that does not wait for the device. Nothing in a step reads a
-    device value back: the only sync of a step is the sampler's fetch of the new token ids."""
+    two copies from pinned memory (one per dtype: int64 ids, positions, slots and rows; int32
+    lengths and tables), neither waiting for the device. Nothing in a step reads a device value
+    back: the only sync of a step is the sampler's fetch of the new token ids."""
 
     def __init__(self, model: Model, cache: KVCache, device: str, backend):
         self.model, self.cache, self.device, self.backend = model, cache, device, backend

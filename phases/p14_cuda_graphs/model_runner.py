@@ -30,8 +30,9 @@ def step_context(model: Model, cache: KVCache, backend, is_prefill: bool, positi
 
 class ModelRunner:
     """Builds each step's inputs on the host, as plain int lists, and sends them to the device in
-    one copy from pinned memory that does not wait for the device. Nothing in a step reads a
-    device value back: the only sync of a step is the sampler's fetch of the new token ids.
+    two copies from pinned memory (one per dtype: int64 ids, positions, slots and rows; int32
+    lengths and tables), neither waiting for the device. Nothing in a step reads a device value
+    back: the only sync of a step is the sampler's fetch of the new token ids.
 
     A decode step that fits a captured bucket replays its CUDA graph instead (`graphs`, a
     cuda_graph.GraphRunner, or None); prefill and mixed steps, verify steps (their k + 1 rows),
