@@ -1,4 +1,4 @@
-"""WorkerPool: the parent's side of the worker processes: spawn, command, gather, stop.
+"""WorkerPool: the parent's side of the worker processes: start, command, gather, stop.
 
 Replies are awaited in short slices; between slices every worker must still be alive, so a worker
 that crashes (even one killed without a word) is an error in the parent within about a second,
@@ -37,7 +37,7 @@ def free_port() -> int:
 class WorkerPool:
     def __init__(self, model: str, options: dict, parallel: str, world_size: int):
         spec = WorkerSpec(model, options, parallel, world_size, free_port())
-        ctx = mp.get_context("spawn")         # fork would copy the parent's threads and CUDA state
+        ctx = context()
         self.results = ctx.Queue()
         self.commands = [ctx.Queue() for _ in range(world_size)]
         self.current = ctx.Value("q", 0)      # the id of the call the parent waits for (0: none)
@@ -98,7 +98,7 @@ class WorkerPool:
             except queue.Empty:
                 pass
             rank, proc = dead[0]
-            words = last_words(os.getpid(), proc.pid)
+            words = last_words(proc.pid)
             why = f"; starting up, it failed:\n{words.read_text()}" if words.exists() else ""
             words.unlink(missing_ok=True)
             self._fail(f"worker {rank} died (exit code {proc.exitcode}){why}")
@@ -126,21 +126,35 @@ class WorkerPool:
         return self._stop.alive
 
 
+def context():
+    """Workers come from multiprocessing's fork server: a clean process, started with the first
+    pool of this process, that imports the worker's code (torch, the engine) once; each worker is
+    a fork of it. spawn would start a fresh interpreter and import torch again in every worker
+    (seconds each), and forking this process would copy its threads and CUDA state; the fork
+    server has neither. It keeps the environment of its start: a variable set later in this
+    process does not reach the workers (set it before the first pool)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([worker.__name__])   # no effect once the server runs
+    return ctx
+
+
 def start(procs) -> None:
-    """Start the workers. spawn runs the main script again in each one: a script that builds a
-    parallel engine outside `if __name__ == "__main__":` gets here inside a worker, where starting
+    """Start the workers. Each one runs the main script again (as spawn does): a script that builds
+    a parallel engine outside `if __name__ == "__main__":` gets here inside a worker, where starting
     processes fails. That worker leaves the traceback for the parent, which reports it."""
     try:
         for proc in procs:
             proc.start()
     except RuntimeError:
-        if getattr(mp.current_process(), "_inheriting", False):    # spawn's "still starting up"
-            last_words(os.getppid(), os.getpid()).write_text(traceback.format_exc())
+        if getattr(mp.current_process(), "_inheriting", False):    # the worker's "still starting up"
+            last_words(os.getpid()).write_text(traceback.format_exc())
         raise
 
 
-def last_words(parent: int, pid: int) -> Path:
-    return Path(tempfile.gettempdir(), f"engine-worker-{parent}-{pid}.txt")
+def last_words(pid: int) -> Path:
+    """Where worker `pid` leaves the error that ended its start (named by its own pid only: its
+    parent is the fork server, not the pool)."""
+    return Path(tempfile.gettempdir(), f"engine-worker-{pid}.txt")
 
 
 def stop_workers(procs, commands) -> None:

@@ -27,7 +27,7 @@ STOP = ("stop", 0, None)
 
 @dataclass
 class WorkerSpec:
-    """What every worker is told at spawn: the engine to build and where to meet the others."""
+    """What every worker is told at its start: the engine to build and where to meet the others."""
     model: str
     options: dict               # LLM options, with device and dtype already resolved
     parallel: str               # "replica" or "pipeline"
@@ -67,8 +67,9 @@ def main(rank: int, spec: WorkerSpec, commands, results, current) -> None:
 
 def exit_with_parent() -> None:
     """End this process as soon as the parent is gone, even SIGKILLed with no chance to stop us.
-    The parent holds the write end of a pipe (spawn's sentinel): at its death the read end here
-    sees end-of-file. A daemon thread waits on it, so a worker blocked in a step still exits."""
+    The parent holds the write end of a pipe (multiprocessing's parent sentinel): at its death
+    the read end here sees end-of-file. A daemon thread waits on it, so a worker blocked in a
+    step still exits."""
     sentinel = mp.parent_process().sentinel
 
     def watch():

@@ -147,14 +147,14 @@ def test_workers_exit_when_the_parent_is_killed(phase, tmp_path, mode):
 @pytest.mark.worker_code
 @pytest.mark.timeout(90)
 def test_a_script_without_the_main_guard_gets_the_workers_error(phase, tmp_path):
-    """spawn runs the script again in every worker; there it tries to start workers of its own
+    """Each worker runs the script again (forkserver, like spawn); there it tries to start workers of its own
     and fails. The parent's error must carry that reason, not just an exit code."""
     parent = run_script("""
         from phases.{phase} import ParallelLLM
         try:
             llm = ParallelLLM("tiny-llama", **{options}, parallel="replica", world_size=2)
         except RuntimeError as e:
-            if __name__ != "__main__":                 # in a worker: fail as spawn made it fail
+            if __name__ != "__main__":                 # in a worker: fail as starting it made it fail
                 raise
             print("PARENT:", e)
         """, tmp_path, phase)
