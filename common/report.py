@@ -301,6 +301,8 @@ def fmt(key: str, value: float | None) -> str:
         return f"{100 * value:.1f}%"
     if key.endswith("tok_s"):
         return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+    if key.startswith("num_"):                   # counts: the median of whole numbers
+        return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
     return f"{value:.2f}"
 
 

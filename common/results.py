@@ -55,8 +55,18 @@ def device_tag(device_name: str) -> str:
 
 def record_key(rec: dict) -> str:
     """Records with the same key measure the same thing; a new one replaces the old."""
-    return json.dumps([rec["engine"], rec["workload"], rec["preset"], rec["dtype"], rec["scale"],
-                       rec["device"], rec["setting"]], sort_keys=True)
+    return json.dumps([rec["engine"], *_slot(rec)], sort_keys=True)
+
+
+def _slot(rec: dict) -> list:
+    return [rec["workload"], rec["preset"], rec["dtype"], rec["scale"], rec["device"], rec["setting"]]
+
+
+def part_slot(rec: dict) -> str | None:
+    """One bench part's measurement at one setting, whichever engines ran it (None without a part).
+    A new run of the part replaces every engine's record there: an engine the part no longer runs
+    (a relabelled or dropped one) must not sit in a table beside the new run as if measured with it."""
+    return json.dumps([rec["part"], *_slot(rec)], sort_keys=True) if rec.get("part") else None
 
 
 def history_path(path: Path) -> Path:
@@ -124,18 +134,24 @@ def write_records(path: Path, records: list[dict]) -> None:
     """Merge `records` into the file at `path`, replacing records with the same key.
 
     The result file holds each measurement's newest run. A record replaced by one of another run
-    is appended to history_path(path), so a re-run keeps the runs before it (how far a ratio moves
-    from run to run is itself a result). A record rewritten within its own run (common.bench
-    writes after every round) or without a run id is simply replaced."""
+    (same key, or same part and setting: part_slot) is appended to history_path(path), so a re-run
+    keeps the runs before it (how far a ratio moves from run to run is itself a result). A record
+    rewritten within its own run (common.bench writes after every round) or without a run id is
+    simply replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     old = read_list(path)
     new_runs = {record_key(r): r.get("run_id") for r in records}
-    superseded = [r for r in old if r.get("run_id") and new_runs.get(record_key(r)) not in (None, r["run_id"])]
+    new_slots = {part_slot(r): r.get("run_id") for r in records if part_slot(r) and r.get("run_id")}
+
+    def replaced(r: dict) -> bool:           # by a record of another run: kept in history
+        return bool(r.get("run_id")) and (new_runs.get(record_key(r)) not in (None, r["run_id"])
+                                          or new_slots.get(part_slot(r)) not in (None, r["run_id"]))
+    superseded = [r for r in old if replaced(r)]
     if superseded:
         archive = history_path(path)
         archive.parent.mkdir(exist_ok=True)
         write_json(archive, read_list(archive) + superseded)
-    write_json(path, [r for r in old if record_key(r) not in new_runs] + records)
+    write_json(path, [r for r in old if record_key(r) not in new_runs and not replaced(r)] + records)
 
 
 def read_records(phase: str | None = None) -> list[dict]:

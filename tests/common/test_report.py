@@ -398,3 +398,10 @@ def test_aa_noise_table_lists_every_run_and_setting_with_its_width():
     assert rows == ["| r1 | abcdef1 | 2026-12-02T06:00 | NVIDIA H200 | off | 6 | 1.00× (0.80–1.30) | 0.50 |",
                     "| r2 | abcdef1 | 2026-12-02T07:00 | NVIDIA H200 | on | 6 | 1.00× (0.95–1.05) | 0.10 |"]
     assert "make phase-10 bench PART=aa-noise" in report.aa_noise_table([], [], "p10_review")
+
+
+def test_counts_print_as_whole_numbers():
+    """p08's table quotes preemptions: 189, not 189.00."""
+    assert report.fmt("num_preemptions", 189.0) == "189"
+    assert report.fmt("num_preemptions", 189.5) == "189.5"
+    assert report.fmt("ttft_s_p50", 7.281) == "7.28"
