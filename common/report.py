@@ -15,9 +15,9 @@ phases/*/README.md from the JSON under results/; results are never typed by hand
 
 Every ratio is taken between records of one run, per repeat pair (common.stats): a cell with no
 same-run baseline stays empty. A ratio is judged against the A/A control of its run (the baseline
-built twice, "p06" and "p06#2"): *noise* unless its whole range clears both 1.0 and the A/A range;
-records made before the control existed say "no A/A" and keep the old rule (a range that includes
-1.0 is noise). A result file that cannot be read is named in every table it would have fed, and on
+built twice, "p06" and "p06#2"): *noise* unless its whole range clears both 1.0 and the A/A range
+taken both ways (either build could be the twin); records made before the control existed say
+"no A/A" and keep the old rule (a range that includes 1.0 is noise). A result file that cannot be read is named in every table it would have fed, and on
 stderr: a table never loses rows silently.
 "% of roofline" divides by one copy bandwidth per device for the whole report (the median of
 every record's measured bandwidth there), so the column compares phases, not machine moods. CPU
@@ -61,8 +61,8 @@ CAPTIONS = {"latency": "batch-1 latency, greedy decode", "offline": "offline thr
             "concurrency": "throughput at fixed concurrency (c requests in flight, identical lengths)",
             "shared-prefix": "128 requests sharing a 4k-token system prompt, the cache cleared before every sample"}
 RATIO_NOTE = ("ratios per repeat pair of one run: median (min–max); *noise* unless the whole range lies beyond "
-              "both 1.0 and the run's A/A range (the baseline built twice; \"no A/A\": a run without that "
-              "control, judged against 1.0 alone)")
+              "both 1.0 and the run's A/A range taken both ways (the baseline built twice; \"no A/A\": a run "
+              "without that control, judged against 1.0 alone)")
 
 
 # --- records ------------------------------------------------------------------------------------
@@ -656,7 +656,7 @@ def ladder(records: list[dict]) -> str:
 # --- the A/A range with and without the bench's noise control (p10's "aa-noise" part) ---------------
 def aa_noise_table(records: list[dict], history: list[dict], phase: str) -> str:
     """One row per run and noise-control setting of the phase's "aa-noise" part, current and earlier
-    runs alike: the A/A ratio (the engine over its twin, per repeat pair) and the width of its range.
+    runs alike: the A/A ratio (the twin over its engine, per repeat pair) and the width of its range.
     A narrower range with the control on, in every run, is what would show that the control works."""
     recs = [r for r in [*history, *records] if r.get("phase") == phase and r.get("part") == "aa-noise"
             and r.get("aa") and not is_twin(r.get("engine", ""))]

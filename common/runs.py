@@ -145,16 +145,19 @@ def ratio_rows(recs: list[dict], phase: str) -> list[list[str]]:
             continue
         by_engine = {r["engine"]: r for r in group}
         engines = engine_order(by_engine)
-        aa = {b: report.paired_ratio(by_engine[b], by_engine[t], key) for b, t in aa_pairs(engines)}
+        # the twin over its baseline, as common.report states it; a ratio whose baseline has no
+        # twin is judged against the run's A/A all the same (report.aa_ratio: the run's noise)
+        aa = {b: report.paired_ratio(by_engine[t], by_engine[b], key) for b, t in aa_pairs(engines)}
         for b, t in aa_pairs(engines):
             if aa[b]:
-                rows.append([preset, where, f"{b} vs {t} (A/A control)", key, aa_text(aa[b])])
+                rows.append([preset, where, f"{t} vs {b} (A/A control)", key, aa_text(aa[b])])
+        run_aa = next((r for r in aa.values() if r), None)
         for a, b in pairs(engines, phase):
             ratio = report.paired_ratio(by_engine[a], by_engine[b], key)
             if ratio is None:
                 continue
             mark = " **(headline)**" if is_headline(by_engine[a], a, b, phase) else ""
-            rows.append([preset, where, f"{a} vs {b}{mark}", key, ratio_text(ratio, aa.get(b))])
+            rows.append([preset, where, f"{a} vs {b}{mark}", key, ratio_text(ratio, aa.get(b) or run_aa)])
     return rows
 
 

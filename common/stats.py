@@ -8,7 +8,7 @@ What a reader may trust is decided against an A/A control: the baseline built tw
 "p06#2", two instances of identical code) and measured like the rest. Their ratio would be 1.0 on
 a quiet machine; its range is how far identical code moves in this run. A ratio is a gain only
 where its whole range lies above both 1.0 and the A/A range, a loss only where it lies below both;
-everything else is noise. Without an A/A pair (records made before the control existed) the old
+everything else is noise. The A/A range counts both ways (verdict): the two builds are interchangeable. Without an A/A pair (records made before the control existed) the old
 rule stands, and says so: a range that excludes 1.0 is a gain or a loss, "no A/A".
 """
 from __future__ import annotations
@@ -65,12 +65,15 @@ def paired_ratio(a: dict, b: dict, key: str) -> dict | None:
 def verdict(r: dict, aa: dict | None = None) -> str:
     """"gain", "loss" or "noise" for ratio r, judged against the A/A ratio aa of the same run.
 
-    gain: r's whole range above max(1.0, aa's max); loss: below min(1.0, aa's min). A ratio of one
-    repeat pair has no range, so it is noise. With aa None the old rule: the range against 1.0."""
+    Which of the two identical builds is the twin is arbitrary, so identical code moves both ways
+    by the A/A range: twin/base spanning 0.998-1.26 means base/twin spans 0.79-1.002. The band is
+    that range with its reciprocal; gain: r's whole range above the band (and 1.0), loss: below it.
+    A ratio of one repeat pair has no range, so it is noise. With aa None the old rule: the range
+    against 1.0."""
     if r.get("pairs", 2) < 2:
         return "noise"
-    hi = max(1.0, aa["max"]) if aa else 1.0
-    lo = min(1.0, aa["min"]) if aa else 1.0
+    hi = max(1.0, aa["max"], 1 / aa["min"]) if aa else 1.0
+    lo = min(1.0, aa["min"], 1 / aa["max"]) if aa else 1.0
     if r["min"] > hi:
         return "gain"
     if r["max"] < lo:

@@ -50,9 +50,9 @@ def test_every_run_with_commit_state_and_ratio(tmp_path):
     assert "engines: p02, p02#2, p03" in text
     assert "p03 vs p02 **(headline)**" in text                     # the phase's HEADLINES comparison
     assert "3.50× (3.00–4.00)" in text                              # per repeat pair: 3.0, 3.5, 4.0
-    assert "p02 vs p02#2 (A/A control)" in text                     # the twin against its baseline
-    assert "p03 vs p02#2" not in text                               # and against nothing else
-    assert "1.000× (0.952–1.053), the A/A range" in text
+    assert "p02#2 vs p02 (A/A control)" in text                     # the twin over its baseline, as
+    assert "p03 vs p02#2" not in text                               # the report states it, and over
+    assert "1.000× (0.950–1.050), the A/A range" in text            # nothing else
 
 
 def test_hand_written_section_survives_a_rewrite(tmp_path):

@@ -33,6 +33,18 @@ def test_gain_and_loss_must_clear_both_one_and_the_aa_range():
     assert stats.format_ratio(ratio(0.8, 0.7, 0.9), aa) == "0.80× (0.70–0.90) loss; A/A 0.97–1.04"
 
 
+def test_the_aa_range_counts_both_ways():
+    """The twin over its base spanning 0.998-1.26 says the base over its twin spans 0.79-1.002:
+    either build could have been the twin, so a loss must clear 0.79, not 0.998 (p10's ladder:
+    "p10 vs p07 triton 0.71x (0.49-0.81)" read as a loss under the one-sided rule)."""
+    aa = ratio(1.16, 0.998, 1.26)
+    assert stats.verdict(ratio(0.71, 0.49, 0.81), aa) == "noise"
+    assert stats.verdict(ratio(0.65, 0.49, 0.78), aa) == "loss"
+    low = ratio(0.9, 0.80, 1.02)                                             # twin slower: gains must clear 1.25
+    assert stats.verdict(ratio(1.15, 1.10, 1.20), low) == "noise"
+    assert stats.verdict(ratio(1.4, 1.3, 1.5), low) == "gain"
+
+
 def test_bounds_that_round_to_one_get_three_decimals():
     assert stats.fmt_bound(0.996) == "0.996" and stats.fmt_bound(1.004) == "1.004"
     assert stats.fmt_bound(1.0) == "1.00" and stats.fmt_bound(1.02) == "1.02"
