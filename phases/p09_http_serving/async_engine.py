@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing as mp
 import threading
 import time
 import weakref
@@ -26,6 +25,7 @@ from common.loader import resolve
 from common.sampling import SamplingParams
 
 from . import engine_loop
+from .worker_pool import context
 
 START_TIMEOUT_S = 900    # the engine process builds the model: imports, weights, KV pool
 POLL_S = 0.5             # the reader checks that the engine process lives this often
@@ -67,7 +67,7 @@ class AsyncLLM:
         self.source = resolve(model, seed=options.get("seed", 0))
         self.tokenizer = self.source.tokenizer
         self.model = model
-        ctx = mp.get_context("spawn")            # fork would copy this process's threads and CUDA state
+        ctx = context()                          # the worker pools' fork server: no torch import per start
         self.inbox = ctx.Queue()                 # its feeder thread: submit() never blocks the event loop
         self.outbox, loop_end = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=engine_loop.main, name="engine-loop", daemon=True,

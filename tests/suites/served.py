@@ -65,17 +65,27 @@ def test_server_dies_with_its_parent(phase):
     pytest.fail("the server outlived its parent")
 
 
-def engine_pid(server_pid: int) -> int:
-    """The server's engine process: its child started by multiprocessing's spawn (not the resource tracker)."""
+def children(pid: int) -> dict[int, bytes]:
+    """The processes whose parent is `pid`, with their command lines."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue                                # gone meanwhile
-        if ppid == server_pid and b"spawn_main" in cmdline:
-            return int(stat.parent.name)
-    raise AssertionError(f"no engine process under the server {server_pid}")
+        if ppid == pid:
+            found[int(stat.parent.name)] = cmdline
+    return found
+
+
+def engine_pid(server_pid: int) -> int:
+    """The server's engine process: the one child of multiprocessing's fork server, itself the
+    server's child (beside the resource tracker)."""
+    servers = [pid for pid, cmdline in children(server_pid).items() if b"forkserver" in cmdline]
+    engines = [pid for server in servers for pid in children(server)]
+    assert len(engines) == 1, f"not one engine process under the server {server_pid}: {engines}"
+    return engines[0]
 
 
 def test_server_exits_when_its_engine_dies(module):
