@@ -152,13 +152,15 @@ def test_bad_parallel_options_fail_before_any_process(options, message):
 
 
 @pytest.mark.timeout(120)
-def test_pipeline_on_the_real_model(prompts_for, hf_reference):
+@pytest.mark.parametrize("new_tokens", [16, pytest.param(REF_NEW_TOKENS, marks=pytest.mark.slow)])
+def test_pipeline_on_the_real_model(prompts_for, hf_reference, new_tokens):
     """SmolLM2's reference prompts (chat, plain, non-ASCII, > 512 tokens): HF's greedy tokens,
-    which the previous phase reproduces exactly, through two stages."""
-    params = SamplingParams(temperature=0, max_tokens=REF_NEW_TOKENS, ignore_eos=True)
+    which the previous phase reproduces exactly, through two stages. Greedy ids do not depend on
+    how many follow them: make test checks HF's first 16, make test-all all of them."""
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     with ParallelLLM("smollm2-135m", device="cpu", dtype="float32", **MODES["pipeline"]) as llm:
         outs = llm.generate(prompts_for("smollm2-135m"), params)
-    assert [o.token_ids for o in outs] == hf_reference("smollm2-135m")
+    assert [o.token_ids for o in outs] == [ref[:new_tokens] for ref in hf_reference("smollm2-135m")]
 
 
 @pytest.mark.timeout(60)
