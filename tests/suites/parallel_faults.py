@@ -122,19 +122,19 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.worker_code
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("mode", list(MODES))
-def test_workers_exit_when_the_parent_is_killed(phase, tmp_path, mode):
+def test_workers_exit_when_the_parent_is_killed(phase, tmp_path):
+    """One parent holds an engine of each mode (one start of the script for both)."""
     parent = run_script("""
         import time
         from phases.{phase} import ParallelLLM
         if __name__ == "__main__":
-            llm = ParallelLLM("tiny-llama", **{options}, parallel=%r, world_size=2)
-            print(*(p.pid for p in llm.pool.procs), flush=True)
+            llms = [ParallelLLM("tiny-llama", **{options}, parallel=mode, world_size=2) for mode in %r]
+            print(*(p.pid for llm in llms for p in llm.pool.procs), flush=True)
             time.sleep(600)
-        """ % mode, tmp_path, phase)
+        """ % list(MODES), tmp_path, phase)
     try:
         pids = [int(pid) for pid in parent.stdout.readline().split()]
-        assert len(pids) == 2, parent.stderr.read()
+        assert len(pids) == 2 * len(MODES), parent.stderr.read()
     finally:
         parent.kill()                                  # SIGKILL: no atexit, no finalizers
         parent.wait()
