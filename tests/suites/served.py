@@ -88,11 +88,8 @@ def engine_pid(server_pid: int) -> int:
     return engines[0]
 
 
-def test_server_exits_when_its_engine_dies(module):
-    """No zombie server: the engine process killed, the server exits with status 1 within seconds."""
-    llm = module.ServedLLM("tiny-llama", server="http", **OPTIONS)
-    try:
-        os.kill(engine_pid(llm.proc.pid), signal.SIGKILL)
-        assert llm.proc.wait(timeout=30) == 1
-    finally:
-        llm.shutdown()
+def test_server_exits_when_its_engine_dies(served):
+    """No zombie server: the engine process killed, the server exits with status 1 within seconds.
+    It ends the module's server, so it is this file's last test that uses it."""
+    os.kill(engine_pid(served.proc.pid), signal.SIGKILL)
+    assert served.proc.wait(timeout=30) == 1
