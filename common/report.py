@@ -17,8 +17,8 @@ Every ratio is taken between records of one run, per repeat pair (common.stats):
 same-run baseline stays empty. A ratio is judged against the A/A control of its run (the baseline
 built twice, "p06" and "p06#2"): *noise* unless its whole range clears both 1.0 and the A/A range
 taken both ways (either build could be the twin); records made before the control existed say
-"no A/A" and keep the old rule (a range that includes 1.0 is noise). A result file that cannot be read is named in every table it would have fed, and on
-stderr: a table never loses rows silently.
+"no A/A" and keep the old rule (a range that includes 1.0 is noise). A result file that cannot be
+read is named in every table it would have fed, and on stderr: a table never loses rows silently.
 "% of roofline" divides by one copy bandwidth per device for the whole report (the median of
 every record's measured bandwidth there), so the column compares phases, not machine moods. CPU
 latency tables have no such column: their small presets sit in the CPU's caches (tiny-llama's

@@ -8,8 +8,9 @@ What a reader may trust is decided against an A/A control: the baseline built tw
 "p06#2", two instances of identical code) and measured like the rest. Their ratio would be 1.0 on
 a quiet machine; its range is how far identical code moves in this run. A ratio is a gain only
 where its whole range lies above both 1.0 and the A/A range, a loss only where it lies below both;
-everything else is noise. The A/A range counts both ways (verdict): the two builds are interchangeable. Without an A/A pair (records made before the control existed) the old
-rule stands, and says so: a range that excludes 1.0 is a gain or a loss, "no A/A".
+everything else is noise. The A/A range counts both ways (verdict): the two builds are
+interchangeable. Without an A/A pair (records made before the control existed) the old rule
+stands, and says so: a range that excludes 1.0 is a gain or a loss, "no A/A".
 """
 from __future__ import annotations
 

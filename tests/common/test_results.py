@@ -85,9 +85,9 @@ def test_a_new_run_of_a_part_replaces_engines_it_no_longer_runs(tmp_path):
     """A part re-run with a relabelled engine ("p07" became "p07 attention_backend=triton"): the old
     label's record goes to history instead of sitting in the table beside the new run."""
     path = tmp_path / "concurrency-h200.json"
-    old = [rec("run-a", 100.0) | {"part": "ladder"}, rec("run-a", 90.0, engine="p07") | {"part": "ladder"}]
-    write_records(path, old)
-    write_records(path, [rec("run-b", 120.0) | {"part": "ladder"}, rec("run-b", 95.0, engine="p07 triton") | {"part": "ladder"}])
+    ladder = {"part": "ladder"}
+    write_records(path, [rec("run-a", 100.0) | ladder, rec("run-a", 90.0, engine="p07") | ladder])
+    write_records(path, [rec("run-b", 120.0) | ladder, rec("run-b", 95.0, engine="p07 triton") | ladder])
     assert sorted((r["engine"], r["run_id"]) for r in read(path)) == [("p02", "run-b"), ("p07 triton", "run-b")]
     assert sorted(r["engine"] for r in read(history_path(path))) == ["p02", "p07"]
 
@@ -96,7 +96,8 @@ def test_a_part_leaves_other_parts_and_settings_alone(tmp_path):
     """Another part in the same file, or the same part at another setting (p10's aa-noise runs
     noise control off and on as two runs), stays current."""
     path = tmp_path / "concurrency-h200.json"
-    write_records(path, [rec("run-a", 100.0) | {"part": "concurrency"}, rec("run-a", 80.0, concurrency=8) | {"part": "a"}])
+    write_records(path, [rec("run-a", 100.0) | {"part": "concurrency"},
+                         rec("run-a", 80.0, concurrency=8) | {"part": "a"}])
     write_records(path, [rec("run-b", 120.0, engine="p03") | {"part": "long"}])
     write_records(path, [rec("run-c", 70.0, engine="p03", concurrency=8) | {"part": "b"}])
     assert sorted(r["run_id"] for r in read(path)) == ["run-a", "run-a", "run-b", "run-c"]
