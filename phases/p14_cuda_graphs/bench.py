@@ -10,12 +10,15 @@ the bottleneck: batch 1 (latency), 64 in flight, and the offline batch, on llama
 Both GPU attention backends run inside the graphs: "auto" (FlashAttention 4 where installed) and
 our Triton kernel. "nano-vllm" and "nano-vllm-8b" run the peer engine on the same workloads in
 the same machine start (common.peer; it needs the peer's public source, see the README).
+speculation: p13's speed measurement (common.spec_decode, llama-8b, batch 1, the scripted
+proposer at acceptance 0.6/0.8/0.95, k = 4) with and without graphs: speculation over p13 and
+over p14, in one run. p14's verify steps run eagerly, so the gain it had is measured again.
 """
 from __future__ import annotations
 
 import sys
 
-from common import peer
+from common import peer, spec_decode
 from common.bench_set import run_parts
 
 PHASE = __package__.split(".")[-1]
@@ -29,6 +32,19 @@ def standard(workload: str, preset: str, *extra: str, engines=(ENGINE, TRITON)) 
     return [["--workload", workload, "--presets", preset, *extra, "--engines", ",".join([*AA, *engines])]]
 
 
+SPECULATION = [*AA, f"{PREVIOUS} speculative=ngram", ENGINE, f"{ENGINE} speculative=ngram"]
+SPECULATION_SWEEP = ("--batches", "1", "--acceptances", "0.6,0.8,0.95", "--ks", "4")
+
+
+def speculation(rest: list[str], command: str) -> None:
+    """Speculation's speed with graphs (p14) and without (p13), scripted acceptance, llama-8b."""
+    spec_decode.main(["speed", "--phase", PHASE, "--presets", "llama-8b", "--engines", ",".join(SPECULATION),
+                      *SPECULATION_SWEEP, *rest], part="speculation", make_command=command)
+
+
+speculation.preset, speculation.engines, speculation.extra = "llama-8b", SPECULATION, SPECULATION_SWEEP
+
+
 GPU_PARTS = {
     "latency": standard("latency", "llama-1b"),
     "latency-8b": standard("latency", "llama-8b"),
@@ -38,6 +54,7 @@ GPU_PARTS = {
     "offline-8b": standard("offline", "llama-8b", engines=(ENGINE,)),
     "nano-vllm": peer.part(PHASE, "1b"),
     "nano-vllm-8b": peer.part(PHASE, "8b"),
+    "speculation": speculation,
 }
 SMALL = ("--scale", "small")
 CPU_PARTS = {
