@@ -32,6 +32,16 @@ def standard(workload: str, preset: str, *extra: str, engines=(ENGINE, TRITON)) 
     return [["--workload", workload, "--presets", preset, *extra, "--engines", ",".join([*AA, *engines])]]
 
 
+# Three llama-8b engines (16 GB of weights each) share the GPU: a pool sized for all 256 offline
+# requests at once (~38 GB each) does not fit three times, so each engine gets 24 GiB and queues the rest.
+POOL_8B = f"kv_cache_bytes={24 << 30}"
+
+
+def offline_8b() -> list[list[str]]:
+    engines = [f"{e} {POOL_8B}" for e in (*AA, ENGINE)]
+    return [["--workload", "offline", "--presets", "llama-8b", "--engines", ",".join(engines)]]
+
+
 SPECULATION = [*AA, f"{PREVIOUS} speculative=ngram", ENGINE, f"{ENGINE} speculative=ngram"]
 SPECULATION_SWEEP = ("--batches", "1", "--acceptances", "0.6,0.8,0.95", "--ks", "4")
 
@@ -51,7 +61,7 @@ GPU_PARTS = {
     "concurrency": standard("concurrency", "llama-1b", "--concurrency", "64"),
     "concurrency-8b": standard("concurrency", "llama-8b", "--concurrency", "64", engines=(ENGINE,)),
     "offline": standard("offline", "llama-1b", engines=(ENGINE,)),
-    "offline-8b": standard("offline", "llama-8b", engines=(ENGINE,)),
+    "offline-8b": offline_8b(),
     "nano-vllm": peer.part(PHASE, "1b"),
     "nano-vllm-8b": peer.part(PHASE, "8b"),
     "speculation": speculation,
