@@ -538,10 +538,21 @@ def profile_tables(records: list[dict], phase: str) -> str:
 
 
 # --- ladder: every phase's own engine, per device, gains from that phase's own runs ------------
+def from_spec_sweep(rec: dict) -> bool:
+    """A record of common.spec_decode's sweep (it counts tokens per target step): the same
+    workload names as common.bench's, measured by another runner for another question, so the
+    standard tables (ladder, peer) leave it to the phase's own speculation tables."""
+    return "tokens_per_step" in rec.get("metrics", {})
+
+
+def standard_records(records: list[dict], **where) -> list[dict]:
+    return [r for r in select(records, **where) if not from_spec_sweep(r)]
+
+
 def ladder_cells(records: list[dict], own: list[dict], phase: str, engine: str, preset: str, top_c: int):
     """The ladder's numbers for one (phase, engine, model), the records behind them, and the three
     records the absolute columns come from (latency, top concurrency, offline; None where absent)."""
-    mine = select(own, phase=phase, engine=engine, preset=preset)
+    mine = standard_records(own, phase=phase, engine=engine, preset=preset)
     lat = newest(select(mine, workload="latency"))
     at_c = newest([r for r in select(mine, workload="concurrency") if _workload_setting(r) == {"concurrency": top_c}])
     off = ladder_offline(select(mine, workload="offline"))
@@ -575,7 +586,7 @@ def offline_set(off: dict | None) -> str:
     """Which offline set a ladder cell measured, where it is not the full one on an ample pool:
     " (small)", " (small, 8 requests)", " (KV pool 2 GiB)"."""
     setting = (off or {}).get("setting") or {}
-    names = [off["scale"]] if off and off.get("scale") != "full" else []
+    names = [off["scale"]] if off and off.get("scale", "full") != "full" else []
     names += [f"{setting['requests']} requests"] if setting.get("requests") else []
     names += [f"KV pool {gib(setting['kv_cache_bytes'])}"] if setting.get("kv_cache_bytes") else []
     return f" ({', '.join(names)})" if names else ""
@@ -686,13 +697,15 @@ def peer_table(records: list[dict], phase: str) -> str:
     for preset in order_presets({r["preset"] for r in select(records, phase=phase, engine=PEER)}):
         for workload, setting in PEER_ROWS:
             key = WORKLOADS[workload][0]
-            ours = newest([r for r in select(records, phase=phase, preset=preset, workload=workload, engine=mine)
-                           if _workload_setting(r) == setting])
+            ours = standard_records(records, phase=phase, preset=preset, workload=workload, engine=mine)
+            ours = (ladder_offline(ours) if workload == "offline"      # the pool it had, said in its cell
+                    else newest([r for r in ours if _workload_setting(r) == setting]))
             peer = newest([r for r in select(records, phase=phase, preset=preset, workload=workload, engine=PEER)
                            if _workload_setting(r) == setting])
             used += [r for r in (ours, peer) if r]
             rows.append([preset, f"{workload} {' '.join(f'{k}={v}' for k, v in setting.items())}".strip(),
-                         WORKLOADS[workload][1], spread_cell(ours, key), spread_cell(peer, key)])
+                         WORKLOADS[workload][1], spread_cell(ours, key) + (offline_set(ours) if workload == "offline" else ""),
+                         spread_cell(peer, key)])
     if not rows:
         return f"_No peer run yet: `make phase-{phase[1:3]} bench PART=nano-vllm` on a GPU, then `make results`._"
     return table(["preset", "workload", "metric", mine, PEER], rows) + "\n\n" + provenance_line(used)

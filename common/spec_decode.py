@@ -322,30 +322,37 @@ def headline(records: list[dict], k: int = 4) -> str:
             f"{tpot[1]}; A/A {tpot[2].removesuffix(' A/A')} (git {sha}).")
 
 
-def speed_table(records: list[dict], device: str = "NVIDIA H200") -> str:
+def speed_table(records: list[dict], phase: str, device: str = "NVIDIA H200", k: int = 4) -> str:
+    """The newest speed run of each batch size of `phase` (p13: its speed-N parts; p14: the same
+    sweep with and without graphs), every ratio over the previous phase's engine of that run. The
+    scripted rows at `k` drafted tokens only: RUNS.md lists every k of the sweep."""
     rows, used = [], []
+    mine = [r for r in records if r["file"].startswith(f"results/{phase}/")
+            and r["file"].rsplit("/", 1)[-1].startswith("speed-")]
     for workload in ("latency", "concurrency"):
-        for size in sorted({r["setting"].get("concurrency", 1) for r in records if r["workload"] == workload
-                            and r["device"] == device and r["file"].startswith("results/p13")}):
+        for size in sorted({r["setting"].get("concurrency", 1) for r in mine
+                            if r["workload"] == workload and r["device"] == device}):
             key = {"batch": 1} if workload == "latency" else {"concurrency": size}
-            recs = [r for r in newest([x for x in records if x["file"].rsplit("/", 1)[-1].startswith("speed-")],
-                                      workload, device=device) if bench.workload_setting(r) == key]
+            recs = [r for r in newest(mine, workload, device=device) if bench.workload_setting(r) == key]
             used += recs[:1]
+            shown = [r for r in recs if r["setting"].get("num_speculative_tokens", k) == k]
             rows += [[str(size), spec_label(r), cell(r["metrics"], "acceptance_rate", ".2f"),
                       cell(r["metrics"], "tokens_per_step", ".2f"), cell(r["metrics"], "tpot_p50_ms", ".2f"),
-                      versus(r, recs, "tpot_p50_ms"), versus(r, recs, "output_tok_s")] for r in recs]
+                      versus(r, recs, "tpot_p50_ms"), versus(r, recs, "output_tok_s")] for r in shown]
+    number = phase[1:3]
     if not rows:
-        return (f"_No speed run on {device} yet: `make phase-13 bench PART=speed-1` (and speed-4, speed-16, "
-                f"speed-64) await an H200._")
-    header = ["batch", "engine (asked α)", "measured acceptance", "tokens / step", "TPOT p50 ms", "TPOT vs p12",
-              "out tok/s vs p12"]
-    return table(header, rows) + source(used, f"speed-{device_tag(device)}.json")
+        parts = "speed-1` (and speed-4, speed-16, speed-64)" if number == "13" else "speculation`"
+        return f"_No speed run on {device} yet: `make phase-{number} bench PART={parts} await an H200._"
+    previous = f"p{int(number) - 1:02d}"
+    header = ["batch", "engine (asked α)", "measured acceptance", "tokens / step", "TPOT p50 ms",
+              f"TPOT vs {previous}", f"out tok/s vs {previous}"]
+    return table(header, rows) + "".join(source([r], f"speed-{device_tag(device)}.json") for r in used)
 
 
 def update_readme(phase: str, check: bool = False) -> bool:
     """Rewrite the README's spec-decode markers from results/<phase>/; whether they were stale."""
     records = read_records(phase)
-    texts = {"headline": headline(records), "acceptance": acceptance_table(records), "speed": speed_table(records)}
+    texts = {"headline": headline(records), "acceptance": acceptance_table(records), "speed": speed_table(records, phase)}
     return fill_readme_blocks(phase, "spec-decode", texts, check)
 
 

@@ -2,8 +2,12 @@
 GPU backends where both apply; the peer's parts run nano-vllm on both models. And ServedLLM,
 inherited: it gives the offline engine's tokens and dies with its parent."""
 import importlib
+import re
+from pathlib import Path
 
-from common.bench import engine_name, parse_engine_options
+from common import spec_decode
+from common.bench import engine_name, parse_engine_options, twin_spec
+from common.results import read_records
 from tests.suites.served import *  # noqa: F401,F403 - ServedLLM's tests and fixtures, collected here
 
 PHASE = "p14_cuda_graphs"
@@ -26,7 +30,7 @@ def comparisons():
 def test_every_comparison_carries_the_aa_control_and_this_engine():
     for name, part in comparisons():
         engines = engines_of(part)
-        assert engines[:2] == ["p13", "p13#2"], name
+        assert engine_name(engines[0]) == "p13" and engines[1] == twin_spec(engines[0]), name
         assert any(engine_name(e) == "p14" for e in engines), name
 
 
@@ -45,3 +49,23 @@ def test_every_engine_spec_is_a_valid_config():
                 options = parse_engine_options(",".join(spec.split()[1:]))
                 options.pop("attention_backend", None)
                 EngineConfig(model="tiny-llama", device="cpu", **options)
+
+
+def test_offline_8b_gives_every_engine_the_same_pool():
+    """Three llama-8b engines share one GPU: each gets the same set pool, the twin included."""
+    pools = {parse_engine_options(",".join(e.split()[1:])).get("kv_cache_bytes")
+             for e in engines_of(bench.GPU_PARTS["offline-8b"])}
+    assert pools == {24 << 30}
+
+
+def test_speculation_runs_the_sweep_with_and_without_graphs():
+    part = bench.GPU_PARTS["speculation"]
+    assert part.preset == "llama-8b"
+    assert part.engines == ["p13", "p13#2", "p13 speculative=ngram", "p14", "p14 speculative=ngram"]
+
+
+def test_readme_speculation_table_is_generated():
+    text = (Path(__file__).resolve().parents[2] / "phases" / PHASE / "README.md").read_text()
+    m = re.search(r"<!-- spec-decode:speed -->\n(.*?)\n<!-- /spec-decode:speed -->", text, re.S)
+    assert m and m.group(1) == spec_decode.speed_table(read_records(PHASE), PHASE), \
+        f"stale: python -m common.spec_decode readme {PHASE}"
