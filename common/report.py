@@ -742,6 +742,8 @@ def build_body(name: str, phase: str | None, records: list[dict], history: list[
         return before_after_all(records, phase)
     if phase and name.startswith("before-after-") and name[len("before-after-"):] in WORKLOADS:
         return before_after_all(records, phase, (name[len("before-after-"):],))
+    if phase and name.startswith("part-"):       # one bench part's own table ("part-serving")
+        return before_after_all([r for r in records if r.get("part") == name[len("part-"):]], phase)
     return None
 
 

@@ -13,6 +13,8 @@ the same machine start (common.peer; it needs the peer's public source, see the 
 speculation: p13's speed measurement (common.spec_decode, llama-8b, batch 1, the scripted
 proposer at acceptance 0.6/0.8/0.95, k = 4) with and without graphs: speculation over p13 and
 over p14, in one run. p14's verify steps run eagerly, so the gain it had is measured again.
+serving: the same engines behind their HTTP servers (p09's server, the engine in its own
+process), 1 to 64 streams in flight: whether the graphs' gain reaches a served user.
 """
 from __future__ import annotations
 
@@ -41,6 +43,13 @@ def offline_8b() -> list[list[str]]:
     engines = [f"{e} {POOL_8B}" for e in (*AA, ENGINE)]
     return [["--workload", "offline", "--presets", "llama-8b", "--engines", ",".join(engines)]]
 
+SERVED = [f"{e} server=http" for e in (*AA, ENGINE)]
+
+
+def serving(preset: str, levels: str, *scale: str) -> list[list[str]]:
+    return [["--workload", "concurrency", "--concurrency", levels, "--presets", preset, *scale,
+             "--engines", ",".join(SERVED)]]
+
 
 SPECULATION = [*AA, f"{PREVIOUS} speculative=ngram", ENGINE, f"{ENGINE} speculative=ngram"]
 SPECULATION_SWEEP = ("--batches", "1", "--acceptances", "0.6,0.8,0.95", "--ks", "4")
@@ -65,11 +74,14 @@ GPU_PARTS = {
     "nano-vllm": peer.part(PHASE, "1b"),
     "nano-vllm-8b": peer.part(PHASE, "8b"),
     "speculation": speculation,
+    "serving": serving("llama-1b", "1,8,64"),
+    "serving-8b": serving("llama-8b", "1,64"),
 }
 SMALL = ("--scale", "small")
 CPU_PARTS = {
     "latency": standard("latency", "tiny-llama", *SMALL, engines=(ENGINE,)),
     "concurrency": standard("concurrency", "tiny-llama", "--concurrency", "8,32", *SMALL, engines=(ENGINE,)),
+    "serving": serving("tiny-llama", "1,8", *SMALL),
 }
 
 

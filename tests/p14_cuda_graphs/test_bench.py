@@ -48,7 +48,16 @@ def test_every_engine_spec_is_a_valid_config():
             if engine_name(spec) == "p14":
                 options = parse_engine_options(",".join(spec.split()[1:]))
                 options.pop("attention_backend", None)
+                options.pop("server", None)                 # the harness's, not the engine's
                 EngineConfig(model="tiny-llama", device="cpu", **options)
+
+
+def test_serving_puts_every_engine_behind_its_server():
+    """The served path's gain is measured server against server, the A/A twin served too."""
+    for name in ("serving", "serving-8b"):
+        specs = engines_of(bench.GPU_PARTS[name])
+        assert [s.split()[0] for s in specs] == ["p13", "p13#2", "p14"]
+        assert all(parse_engine_options(",".join(s.split()[1:]))["server"] == "http" for s in specs)
 
 
 def test_offline_8b_gives_every_engine_the_same_pool():
