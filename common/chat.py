@@ -225,12 +225,15 @@ class ChatSession:
 
     def footer(self, out: Output) -> None:
         """At a terminal: the reply's numbers, and why it ended when max_tokens cut it mid-sentence
-        (as --prompt's footer says "finish: length"). From a pipe, none: stdout holds replies only."""
+        (as --prompt's footer says "finish: length"). From a pipe, only the cut, on stderr: stdout
+        holds replies only, and a reply that stops mid-sentence must not pass for a whole one."""
+        cut = f"cut at max_tokens={self.params.max_tokens}: finish length" if out.finish_reason == "length" else ""
         if self.interactive and out.token_ids:
             n, elapsed = len(out.token_ids), out.token_times[-1] - out.arrival_time
-            cut = out.finish_reason == "length"
-            why = f"; cut at max_tokens={self.params.max_tokens}: finish length" if cut else ""
-            self.note(f"[{n} tokens in {elapsed:.2f} s, {n / elapsed:.1f} tok/s, TTFT {1e3 * out.ttft:.0f} ms{why}]")
+            self.note(f"[{n} tokens in {elapsed:.2f} s, {n / elapsed:.1f} tok/s, TTFT {1e3 * out.ttft:.0f} ms"
+                      f"{'; ' + cut if cut else ''}]")
+        elif cut:
+            self.note(f"[{cut}]")
 
     def write(self, text: str) -> None:
         self.stdout.write(text)

@@ -78,6 +78,8 @@ def main(argv=None) -> None:
     engine.on_dead = lambda: asyncio.get_running_loop().call_later(EXIT_AFTER_DEAD_S, setattr, server, "should_exit", True)
     try:
         server.run()
+    except KeyboardInterrupt:      # Ctrl-C (or SIGINT from ServedLLM): uvicorn has already shut down
+        pass
     finally:
         engine.shutdown()
     if engine.error:

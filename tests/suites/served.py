@@ -65,6 +65,34 @@ def test_server_dies_with_its_parent(phase):
     pytest.fail("the server outlived its parent")
 
 
+def test_ctrl_c_stops_the_server_cleanly(phase):
+    """Ctrl-C (SIGINT, as ServedLLM.shutdown sends it) ends the server with status 0 and no
+    traceback: uvicorn re-raises the interrupt after its graceful shutdown."""
+    port = importlib.import_module(f"phases.{phase}.worker_pool").free_port()
+    cmd = [sys.executable, "-m", f"phases.{phase}.serve", "--model", "tiny-llama", "--port", str(port),
+           "--log-level", "warning", "--engine-options", "device=cpu,dtype=float32,kv_cache_bytes=1048576"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    import httpx
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    pytest.fail(f"the server did not come up (exit code {proc.poll()})")
+
+
 def children(pid: int) -> dict[int, bytes]:
     """The processes whose parent is `pid`, with their command lines."""
     found = {}
