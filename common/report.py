@@ -742,8 +742,10 @@ def build_body(name: str, phase: str | None, records: list[dict], history: list[
         return before_after_all(records, phase)
     if phase and name.startswith("before-after-") and name[len("before-after-"):] in WORKLOADS:
         return before_after_all(records, phase, (name[len("before-after-"):],))
-    if phase and name.startswith("part-"):       # one bench part's own table ("part-serving")
-        return before_after_all([r for r in records if r.get("part") == name[len("part-"):]], phase)
+    if phase and name.startswith("part-"):       # one part's own table: "part-serving" reads serving, serving-8b
+        part = name[len("part-"):]
+        return before_after_all([r for r in records if r.get("part") and
+                                 (r["part"] == part or r["part"].startswith(part + "-"))], phase)
     return None
 
 

@@ -54,7 +54,7 @@ CPU_PARTS = {
                              AA + [f"{ENGINE} speculative=draft num_speculative_tokens=2"], "--scale", "small",
                              "--repeats", "1",
                              "--out", f"results/{PHASE}/acceptance-draft-cpu.json"),
-    "speed": spec("speed", "speed", "tiny-llama", AA + [SCRIPTED], "--batches", "1,4", "--acceptances", "0.6,0.95",
+    "speed": spec("speed", "speed", "tiny-llama", AA + [SCRIPTED], "--batches", "1,16", "--acceptances", "0.6,0.95",
                   "--ks", "2,4", "--scale", "small", "--repeats", "2"),
 }
 

@@ -405,3 +405,22 @@ def test_counts_print_as_whole_numbers():
     assert report.fmt("num_preemptions", 189.0) == "189"
     assert report.fmt("num_preemptions", 189.5) == "189.5"
     assert report.fmt("ttft_s_p50", 7.281) == "7.28"
+
+
+def test_a_part_marker_tables_that_part_and_its_8b_twin_only(tmp_path):
+    """`results:part-serving` reads the records of parts serving and serving-8b, not the phase's
+    other concurrency records in the same file (p14: served p13 and p14 beside in-process ones)."""
+    def rec(engine, preset, part, tok_s, **setting):
+        r = record("p14_graphs", engine, preset, "concurrency", setting={"concurrency": 64, **setting},
+                   samples=[tok_s] * 3, output_tok_s=tok_s, run=part)
+        return r | {"part": part}
+    served = {"server": "http"}
+    write(tmp_path, "p14_graphs/concurrency-h200.json", [
+        rec("p13", "llama-1b", "concurrency", 100.0), rec("p14", "llama-1b", "concurrency", 300.0),
+        rec("p13", "llama-1b", "serving", 90.0, **served), rec("p14", "llama-1b", "serving", 200.0, **served),
+        rec("p13", "llama-8b", "serving-8b", 30.0, **served), rec("p14", "llama-8b", "serving-8b", 60.0, **served)])
+    body = report.build_body("part-serving", "p14_graphs", report.load_records(tmp_path))
+    header, one, eight = rows(body)
+    assert header.startswith("| model | p13 http | **p14 http** |") and "| p14 |" not in header
+    assert one.startswith("| llama-1b (c=64) | 90.0 | 200 |") and one.endswith("| 2.22× (2.22–2.22) |")
+    assert eight.startswith("| llama-8b (c=64) | 30.0 | 60.0 |")

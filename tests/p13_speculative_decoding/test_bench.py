@@ -77,6 +77,19 @@ def test_readme_tables_are_generated():
     text = (Path(__file__).resolve().parents[2] / "phases" / PHASE / "README.md").read_text()
     records = read_records(PHASE)
     for name, body in (("headline", spec_decode.headline(records)), ("acceptance", spec_decode.acceptance_table(records)),
-                       ("speed", spec_decode.speed_table(records, PHASE))):
+                       ("speed", spec_decode.speed_table(records, PHASE, alphas=spec_decode.README_ALPHAS.get(PHASE)))):
         m = re.search(rf"<!-- spec-decode:{name} -->\n(.*?)\n<!-- /spec-decode:{name} -->", text, re.S)
         assert m and m.group(1) == body, f"README {name} table is stale: run python -m common.spec_decode readme {PHASE}"
+
+
+def test_speed_table_keeps_every_batch_size_newest_run():
+    """Each speed-N part is its own run: the table shows the newest run of every batch size (a
+    newer batch-64 run must not hide batch 4 and 16), at the README's asked acceptances."""
+    records = read_records(PHASE)
+    sizes = {r["setting"].get("concurrency", 1) for r in records
+             if r["device"] == "NVIDIA H200" and r["file"].endswith("speed-h200.json")}
+    table = spec_decode.speed_table(records, PHASE, alphas=spec_decode.README_ALPHAS[PHASE])
+    cells = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
+    shown = {int(c) for c in cells if c.isdigit()}
+    assert shown == sizes and len(sizes) > 1
+    assert "α=0.6" not in table and "α=0.8" in table
