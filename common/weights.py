@@ -5,6 +5,7 @@ Every phase's model uses the same short names, so one mapping serves all of them
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import zlib
 from pathlib import Path
@@ -31,6 +32,23 @@ OURS_TO_HF = [
     (r"^layers\.(\d+)\.attn\.", r"model.layers.\1.self_attn."),
     (r"^layers\.(\d+)\.mlp\.", r"model.layers.\1.mlp."),
 ]
+
+
+@contextlib.contextmanager
+def skip_init():
+    """Build a model whose parameters are left uninitialized: its load_weights() then overwrites
+    every one (and refuses a checkpoint that lacks any). nn.Linear's and nn.Embedding's random
+    init is otherwise thrown away, and costs about a second for SmolLM2-135M on a CPU core.
+    Buffers computed at construction (rotary tables) and torch.ones norms are built as usual."""
+    names = ("kaiming_uniform_", "uniform_", "normal_")
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    for n in names:
+        setattr(torch.nn.init, n, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)
 
 
 def _rename(name: str, table) -> str | None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from common.model_config import ModelConfig
+from common.weights import skip_init
 
 from .engine import LLM
 from .kv_cache import KVCache, memory_budget, num_blocks_for
@@ -128,7 +129,7 @@ class StageEngine(LLM):
         super().__init__(model, **options)
 
     def _build_model(self) -> StageModel:
-        with torch.device(self.device):
+        with torch.device(self.device), skip_init():     # load_weights() fills every parameter
             model = StageModel(self.model_config, stage_layers(self.model_config.num_layers, self.rank))
         model = model.to(self.dtype)
         model.load_weights(self.source.load_weights(self.device, self.dtype))

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from common.loader import resolve
 from common.output import Output
 from common.requests import prepare_requests
+from common.weights import skip_init
 
 from .attention_backends import make_backend
 from .block_manager import BlockManager
@@ -66,7 +67,7 @@ class LLM:
         torch.manual_seed(self.config.seed)
 
     def _build_model(self) -> Model:
-        with torch.device(self.device):
+        with torch.device(self.device), skip_init():     # load_weights() fills every parameter
             model = Model(self.model_config).to(self.dtype)
         model.load_weights(self.source.load_weights(self.device, self.dtype))
         return model.eval()
