@@ -113,6 +113,7 @@ SUITES: dict[str, Suite] = {
 # A test with one of these markers runs only where these files changed from the previous phase.
 MARKED: dict[str, tuple[str, ...]] = {
     "worker_code": ("worker.py", "worker_pool.py"),    # processes spawned, killed, left to die
+    "server_process": ("serve.py", "served.py"),      # the server process started, interrupted, orphaned
 }
 
 SLOW = "slow"                                   # a marker: only in make test-all

@@ -40,6 +40,7 @@ def test_served_engine_gives_the_offline_tokens(served, module):
         served.generate(prompts, SamplingParams(temperature=0.7, max_tokens=8, ignore_eos=True))
 
 
+@pytest.mark.server_process
 def test_server_dies_with_its_parent(phase):
     """A parent killed outright (SIGKILL, no cleanup) takes the server and its engine along."""
     script = textwrap.dedent(f"""
@@ -65,6 +66,7 @@ def test_server_dies_with_its_parent(phase):
     pytest.fail("the server outlived its parent")
 
 
+@pytest.mark.server_process
 def test_ctrl_c_stops_the_server_cleanly(phase):
     """Ctrl-C (SIGINT, as ServedLLM.shutdown sends it) ends the server with status 0 and no
     traceback: uvicorn re-raises the interrupt after its graceful shutdown."""
