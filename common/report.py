@@ -744,8 +744,9 @@ def build_body(name: str, phase: str | None, records: list[dict], history: list[
         return before_after_all(records, phase, (name[len("before-after-"):],))
     if phase and name.startswith("part-"):       # one part's own table: "part-serving" reads serving, serving-8b
         part = name[len("part-"):]
-        return before_after_all([r for r in records if r.get("part") and
-                                 (r["part"] == part or r["part"].startswith(part + "-"))], phase)
+        recs = [r for r in records if r.get("part") and (r["part"] == part or r["part"].startswith(part + "-"))]
+        gpu = [r for r in recs if r.get("device") != "cpu"]
+        return before_after_all(gpu or recs, phase)       # the CPU's small run only until a GPU's exists
     return None
 
 

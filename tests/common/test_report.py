@@ -419,8 +419,11 @@ def test_a_part_marker_tables_that_part_and_its_8b_twin_only(tmp_path):
         rec("p13", "llama-1b", "concurrency", 100.0), rec("p14", "llama-1b", "concurrency", 300.0),
         rec("p13", "llama-1b", "serving", 90.0, **served), rec("p14", "llama-1b", "serving", 200.0, **served),
         rec("p13", "llama-8b", "serving-8b", 30.0, **served), rec("p14", "llama-8b", "serving-8b", 60.0, **served)])
+    write(tmp_path, "p14_graphs/concurrency-cpu.json", [
+        rec("p13", "tiny-llama", "serving", 9.0, **served) | {"device": "cpu"},
+        rec("p14", "tiny-llama", "serving", 10.0, **served) | {"device": "cpu"}])
     body = report.build_body("part-serving", "p14_graphs", report.load_records(tmp_path))
-    header, one, eight = rows(body)
+    header, one, eight = rows(body)                    # the GPU's table only, where one exists
     assert header.startswith("| model | p13 http | **p14 http** |") and "| p14 |" not in header
     assert one.startswith("| llama-1b (c=64) | 90.0 | 200 |") and one.endswith("| 2.22× (2.22–2.22) |")
     assert eight.startswith("| llama-8b (c=64) | 30.0 | 60.0 |")
