@@ -93,3 +93,14 @@ def test_speed_table_keeps_every_batch_size_newest_run():
     shown = {int(c) for c in cells if c.isdigit()}
     assert shown == sizes and len(sizes) > 1
     assert "α=0.6" not in table and "α=0.8" in table
+
+
+def test_speed_engines_prefill_every_prompt_in_one_step():
+    """Chunk boundaries that drafts move change bf16 K/V and lose the script: the speed harness
+    gives every engine a budget that prefills the whole batch, drafts included, in one step."""
+    args = spec_decode.parse_args(["speed", "--phase", PHASE, "--presets", "tiny-llama", "--engines", "p12",
+                                   "--ks", "2,4", "--device", "cpu"])
+    assert spec_decode.one_step_budget([[1] * 512] * 16, args) == 16 * 512 + 16 * 5
+    assert spec_decode.one_step_budget([[1] * 512], args) == 2048          # never below the default
+    engine = spec_decode.build("p13 speculative=ngram", "tiny-llama", args, [[1] * 300] * 8, [])
+    assert engine.config.max_num_batched_tokens == 8 * 300 + 8 * 5
