@@ -349,8 +349,7 @@ def speed_table(records: list[dict], phase: str, device: str = "NVIDIA H200", k:
             key = {"batch": 1} if workload == "latency" else {"concurrency": size}
             recs = newest([r for r in mine if bench.workload_setting(r) == key], workload, device=device)
             used += recs[:1]
-            shown = [r for r in recs if r["setting"].get("num_speculative_tokens", k) == k
-                     and (alphas is None or r["setting"].get("scripted_acceptance", alphas[0]) in alphas)]
+            shown = [r for r in recs if in_table(r["setting"], k, alphas)]
             rows += [[str(size), spec_label(r), cell(r["metrics"], "acceptance_rate", ".2f"),
                       cell(r["metrics"], "tokens_per_step", ".2f"), cell(r["metrics"], "tpot_p50_ms", ".2f"),
                       versus(r, recs, "tpot_p50_ms"), versus(r, recs, "output_tok_s")] for r in shown]
@@ -362,6 +361,13 @@ def speed_table(records: list[dict], phase: str, device: str = "NVIDIA H200", k:
     header = ["batch", "engine (asked α)", "measured acceptance", "tokens / step", "TPOT p50 ms",
               f"TPOT vs {previous}", f"out tok/s vs {previous}"]
     return table(header, rows) + "".join(source([r], f"speed-{device_tag(device)}.json") for r in used)
+
+
+def in_table(setting: dict, k: int, alphas: tuple[float, ...] | None) -> bool:
+    """Baselines always; speculative rows at k drafted tokens and, if given, these acceptances."""
+    if "num_speculative_tokens" not in setting:
+        return True
+    return setting["num_speculative_tokens"] == k and (alphas is None or setting.get("scripted_acceptance") in alphas)
 
 
 # The README's speed table keeps a low, the headline's and a high acceptance (the notebook has all).

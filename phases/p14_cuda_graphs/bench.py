@@ -43,6 +43,7 @@ def offline_8b() -> list[list[str]]:
     engines = [f"{e} {POOL_8B}" for e in (*AA, ENGINE)]
     return [["--workload", "offline", "--presets", "llama-8b", "--engines", ",".join(engines)]]
 
+
 SERVED = [f"{e} server=http" for e in (*AA, ENGINE)]
 
 

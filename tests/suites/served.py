@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from common.sampling import SamplingParams
@@ -84,14 +85,14 @@ def test_ctrl_c_stops_the_server_cleanly(phase):
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
-    import httpx
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)                       # not up yet, or up but not healthy (503)
     pytest.fail(f"the server did not come up (exit code {proc.poll()})")
 
 
