@@ -639,6 +639,8 @@ def ladder_device(records: list[dict], device: str) -> str | None:
         for engine in order_engines(r["engine"] for r in select(own, phase=phase)):
             for preset in order_presets(r["preset"] for r in select(own, phase=phase, engine=engine)):
                 cells, behind, source = ladder_cells(records, own, phase, engine, preset, top_c)
+                if all(cell == "–" for cell in cells):      # records of other workloads only (p12's shared prefixes)
+                    continue
                 rows.append([f"[{phase}](phases/{phase})" if first else "", engine, preset, *cells])
                 used += behind
                 sources.append(source)
