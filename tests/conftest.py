@@ -68,7 +68,7 @@ def prompts_for():
 
 @pytest.fixture(scope="session")
 def hf_reference(pytestconfig):
-    """hf_reference(preset): HF greedy ids (fp32 CPU, 64 new tokens, EOS ignored) for
+    """hf_reference(preset): HF greedy ids (fp32 CPU, REF_NEW_TOKENS = 32 new tokens, EOS ignored) for
     prompts_for(preset), computed on first use and cached for the rest of the session; `make test`
     reads them from the file an earlier session left on the same inputs (tests/reference.py),
     `make test-all` computes them again."""

@@ -12,8 +12,10 @@ recomputes them (and rewrites the file).
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 from functools import cache
@@ -25,10 +27,11 @@ import transformers
 from common.hf_reference import build_hf_model, hf_greedy
 from common.loader import resolve
 
-REF_NEW_TOKENS = 64                      # greedy tokens per prompt, EOS ignored
+REF_NEW_TOKENS = 32                      # greedy tokens per prompt, EOS ignored
 REF_PRESETS = ("smollm2-135m", "tiny-llama", "tiny-qwen2")
 RANDOM_PROMPT_LENS = (9, 32, 32, 600)    # two equal lengths (padding-free batches), one > 512
 CAPITAL_QUESTION = "What is the capital of France?"
+REAL_POOL_BYTES = 96 << 20               # a test's SmolLM2 KV pool: 2,100 tokens at fp32 (see real_pool)
 
 # Varied prose (five unrelated topics) for the long prompt: long-context attention is only
 # tested if the text is not one token repeated.
@@ -96,6 +99,17 @@ def random_prompts(preset: str) -> tuple[tuple[int, ...], ...]:
     vocab = resolve(preset).config.vocab_size
     gen = torch.Generator().manual_seed(1234)
     return tuple(tuple(torch.randint(0, vocab, (n,), generator=gen).tolist()) for n in RANDOM_PROMPT_LENS)
+
+
+def real_pool(phase: str, preset: str = "smollm2-135m") -> dict:
+    """The KV pool option of a test's CPU engine on the real model, where the phase has a pool (p02
+    on): REAL_POOL_BYTES instead of the 512 MiB default. An engine zeroes its whole pool when built,
+    and on a 1-thread CPU the first touch of 512 MiB takes ~2 s, for each of the ~50 SmolLM2
+    engines a test run builds; the reference set needs ~900 tokens of the pool. Tiny presets' pools
+    are small already (bounded by max_num_seqs x max_model_len)."""
+    config = importlib.import_module(f"phases.{phase}.config").EngineConfig
+    has_pool = "cpu_kv_cache_bytes" in {f.name for f in dataclasses.fields(config)}
+    return {"cpu_kv_cache_bytes": REAL_POOL_BYTES} if has_pool and preset == "smollm2-135m" else {}
 
 
 def prompts_for(preset: str) -> list[list[int]]:

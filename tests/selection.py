@@ -57,7 +57,7 @@ SUITES: dict[str, Suite] = {
     # one batch, a shorter run), so the rest of the engine is driven too
     "correctness": Suite(("model.py", "layers.py", "attention.py", "attention_backends.py", "triton_decode.py",
                           "kv_cache.py", "model_runner.py", "sampler.py"),
-                         smoke=("test_real_model_matches_hf_prefix",), smoke_only=True),   # full: 64 ids, not 16
+                         smoke=("test_real_model_matches_hf_prefix",), smoke_only=True),   # full: 32 ids, not 16
     # the checks are common/requests.py's and config.py's; the engine's part, calling them before
     # any work, is what the smoke's test_bad_request_in_batch_does_no_work checks in every phase
     "bad_input": Suite(("config.py",),
@@ -96,9 +96,9 @@ SUITES: dict[str, Suite] = {
                            "test_hundred_aborted_streams_free_the_pool_and_leave_no_state",
                            "test_serve_refuses_bad_options_with_a_message")),
     # processes: who starts, watches and ends the server and its engine (what the server answers is
-    # the server suite's); the smoke serves the phase's engine through them
-    "served": Suite(("served.py", "serve.py", "async_engine.py", "worker.py", "worker_pool.py"),
-                    smoke=("test_served_engine_gives_the_offline_tokens",)),
+    # the server suite's, whose smoke serves every phase's engine through the same HTTP app and
+    # engine process); no smoke: where these files are unchanged, only the phase's engine differs
+    "served": Suite(("served.py", "serve.py", "async_engine.py", "worker.py", "worker_pool.py"), smoke=()),
     # the plan (chunks, budget, partial prefills, preemption mid-prompt) is the scheduler's, what a
     # chunk reads is the runner's and the backends'; the smoke chunks a long prompt beside a decode
     "chunked_prefill": Suite(("scheduler.py", "model_runner.py", "attention_backends.py", "block_manager.py"),

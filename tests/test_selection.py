@@ -123,7 +123,7 @@ def test_all_phases_runs_everything(monkeypatch):
 
 
 def test_a_smoke_only_test_runs_where_its_suite_does_not_run_in_full():
-    """The correctness smoke (16 greedy ids on the real model) is a subset of the full suite's 64:
+    """The correctness smoke (16 greedy ids on the real model) is a subset of the full suite's 32:
     it runs where the suite's files are the previous phase's, never beside the full suite."""
     assert SUITES["correctness"].smoke_only
     full = selection.phases_running("correctness")[0]

@@ -12,6 +12,7 @@ import importlib
 import pytest
 
 from common.sampling import SamplingParams
+from tests.reference import real_pool
 from tests.suites import chunked_prefill as chunked   # its workload and helpers
 
 PHASE, PREVIOUS = "p12_prefix_caching", "p11_chunked_prefill"
@@ -22,7 +23,7 @@ scheduler_module = importlib.import_module(f"phases.{PHASE}.scheduler")
 
 def engine(phase: str = PHASE, preset: str = "tiny-llama", **options):
     LLM = importlib.import_module(f"phases.{phase}").LLM
-    return LLM(preset, device="cpu", dtype="float32", **({"block_size": BLOCK} | options))
+    return LLM(preset, device="cpu", dtype="float32", **(real_pool(phase, preset) | {"block_size": BLOCK} | options))
 
 
 def greedy(n: int = 8) -> SamplingParams:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from common.sampling import SamplingParams
+from tests.reference import real_pool
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4      # tiny-llama: K and V x 2 layers x 2 kv heads x head_dim 16 x fp32
 BLOCK = 4
@@ -27,7 +28,7 @@ def backends(phase):
 
 def engine(phase: str, preset: str = "tiny-llama", **options):
     LLM = importlib.import_module(f"phases.{phase}").LLM
-    return LLM(preset, device="cpu", dtype="float32", **options)
+    return LLM(preset, device="cpu", dtype="float32", **real_pool(phase, preset) | options)
 
 
 def greedy(n: int = NEW_TOKENS) -> SamplingParams:

@@ -7,7 +7,7 @@ whole reference prompt set in one batch, held to HF's first greedy ids."""
 import pytest
 
 from common.sampling import SamplingParams
-from tests.reference import CAPITAL_QUESTION, REF_NEW_TOKENS
+from tests.reference import CAPITAL_QUESTION, REF_NEW_TOKENS, real_pool
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=REF_NEW_TOKENS, ignore_eos=True)
@@ -15,13 +15,13 @@ PREFIX_TOKENS = 16              # the smoke's greedy ids per prompt: HF's refere
 
 
 @pytest.fixture(scope="module")
-def engines(LLM):
+def engines(LLM, phase):
     """engines(preset): one fp32 CPU engine per preset, built on first use, kept for the module."""
     cache = {}
 
     def get(preset):
         if preset not in cache:
-            cache[preset] = LLM(preset, device="cpu", dtype="float32", seed=0)
+            cache[preset] = LLM(preset, device="cpu", dtype="float32", seed=0, **real_pool(phase, preset))
         return cache[preset]
     return get
 

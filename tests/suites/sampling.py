@@ -3,7 +3,7 @@
 import pytest
 
 from common.sampling import SamplingParams
-from tests.reference import CAPITAL_QUESTION
+from tests.reference import CAPITAL_QUESTION, real_pool
 
 
 
@@ -13,8 +13,8 @@ def llm(LLM):
 
 
 @pytest.fixture(scope="module")
-def real_llm(LLM):
-    return LLM("smollm2-135m", device="cpu", dtype="float32", seed=0)
+def real_llm(LLM, phase):
+    return LLM("smollm2-135m", device="cpu", dtype="float32", seed=0, **real_pool(phase))
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,14 @@ import torch
 
 from common.sampling import SamplingParams
 from common.spec_decode import Draft
+from tests.reference import real_pool
 
 BLOCK = 4
 
 
 def engine(phase: str, preset: str = "tiny-llama", **options):
     LLM = importlib.import_module(f"phases.{phase}").LLM
-    return LLM(preset, device="cpu", dtype="float32", **options)
+    return LLM(preset, device="cpu", dtype="float32", **real_pool(phase, preset) | options)
 
 
 def greedy(n: int = 24, **kw) -> SamplingParams:
