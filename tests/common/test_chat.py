@@ -14,6 +14,7 @@ import pytest
 
 from common.chat import TextStream, chat, check_streamable, stream_reply
 from common.sampling import SamplingParams
+from tests.reference import real_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = SamplingParams(temperature=0, max_tokens=16)
@@ -23,7 +24,8 @@ CHINESE = "请用中文回答：你好吗？"       # greedy reply: Chinese, the
 
 @pytest.fixture(scope="module", params=["p01_serial_decode", "p08_preemption"])
 def engine(request):
-    return importlib.import_module(f"phases.{request.param}").LLM("smollm2-135m", device="cpu")
+    return importlib.import_module(f"phases.{request.param}").LLM("smollm2-135m", device="cpu",
+                                                                  **real_pool(request.param))
 
 
 def piped_chat(engine, lines: list[str], stdout=None) -> tuple[str, str]:

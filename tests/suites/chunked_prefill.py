@@ -332,11 +332,13 @@ def run_arrivals(llm, requests) -> list[list[int]]:
     return [outputs[r].token_ids for r in sorted(ids, key=ids.get)]
 
 
-@pytest.mark.parametrize("preemption", ["recompute", "swap"])
-@pytest.mark.parametrize("budget", [7, 17])
+@pytest.mark.parametrize(("budget", "preemption"), [(7, "recompute"), (17, "swap"),
+                                                    *(pytest.param(b, p, marks=pytest.mark.slow)
+                                                      for b, p in ((7, "swap"), (17, "recompute")))])
 def test_staggered_mixed_requests_equal_previous_phase(phase, previous, budget, preemption):
     """A 36-block pool that forces preemptions, staggered arrivals, priorities, sampled rows:
-    other steps than the previous phase's, the same tokens."""
+    other steps than the previous phase's, the same tokens. `make test` runs each budget with one
+    preemption mode (both modes and both budgets covered); `make test-all` the other two pairs."""
     pool = dict(block_size=BLOCK, kv_cache_bytes=36 * BLOCK * KV_BYTES_PER_TOKEN, preemption=preemption)
     requests = mixed_workload()
     new = engine(phase, max_num_batched_tokens=budget, max_num_seqs=min(budget, 16), **pool)
