@@ -6,6 +6,10 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
+# At import, not on first use: an engine's worker processes fork from a server that imported the
+# engine (multiprocessing's forkserver preload), so the config classes come in once there instead
+# of ~2 s of transformers imports in every worker and engine process.
+from transformers import AutoConfig, LlamaConfig, Qwen2Config  # noqa: F401
 
 from . import smollm2
 from .model_config import ModelConfig
@@ -50,8 +54,6 @@ class ModelSource:
 
 def resolve(name_or_path: str, seed: int = 0) -> ModelSource:
     """A preset name or a local HF directory (Llama or Qwen2 family); clear error otherwise."""
-    from transformers import AutoConfig
-
     if name_or_path in PRESETS:
         preset = PRESETS[name_or_path]
         if preset.kind == "gguf":
@@ -70,8 +72,6 @@ def resolve(name_or_path: str, seed: int = 0) -> ModelSource:
 def read_hf_config(folder: Path):
     """config.json of a local HF directory; garbage (bad JSON, an unknown model_type) is one
     clear error naming the file instead of a transformers traceback."""
-    from transformers import AutoConfig
-
     try:
         return AutoConfig.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError, TypeError) as e:   # JSONDecodeError is a ValueError
