@@ -58,8 +58,14 @@ def record_key(rec: dict) -> str:
     return json.dumps([rec["engine"], *_slot(rec)], sort_keys=True)
 
 
+# Setting keys that some records carry about how their run went, not about what it was asked to
+# measure (p13's scripted proposer recorded them there once): not part of what a record measures.
+RUN_NOTES = ("script_fidelity", "script_replayed")
+
+
 def _slot(rec: dict) -> list:
-    return [rec["workload"], rec["preset"], rec["dtype"], rec["scale"], rec["device"], rec["setting"]]
+    setting = {k: v for k, v in rec["setting"].items() if k not in RUN_NOTES}
+    return [rec["workload"], rec["preset"], rec["dtype"], rec["scale"], rec["device"], setting]
 
 
 def part_slot(rec: dict) -> str | None:

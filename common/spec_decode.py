@@ -23,10 +23,10 @@ continuation is recorded for each (k, acceptance, switch) under that setting's o
 script()). Batch 1 is the standard latency workload, larger batches the standard concurrency
 one. One p13 engine is built beside the previous phase and its A/A twin, and set to each setting
 between samples; all are measured interleaved and rotated, as common.bench does. The measured
-acceptance is recorded beside the asked one, and so is `script_replayed` (the share of requests
-whose recorded path the last recording pass gave back): where bf16 rounding makes the
-target leave its recorded path, every later draft of that request is wrong and the measured rate
-falls below the asked one.
+acceptance is recorded beside the asked one, and so is `script_replayed` in every sample (the
+share of requests whose recorded path the last recording pass gave back): where bf16 rounding
+makes the target leave its recorded path, every later draft of that request is wrong and the
+measured rate falls below the asked one.
 """
 from __future__ import annotations
 
@@ -82,12 +82,18 @@ class Draft:
 class ScriptedProposer:
     """Drafts script[prompt]: the target's greedy continuation, each token kept with chance
     `acceptance`, else replaced by another (the choice a hash of the request and position).
-    `scripts` holds one script per speed setting; apply() makes the setting's the current one."""
+    `scripts` holds one (script, share of requests it replayed) per speed setting (script());
+    use() makes a setting's the current one."""
 
     def __init__(self, vocab_size: int, acceptance: float = 1.0, seed: int = 0):
         self.vocab_size, self.acceptance, self.seed = vocab_size, acceptance, seed
         self.script: dict[tuple[int, ...], list[int]] = {}
-        self.scripts: dict[tuple, dict[tuple[int, ...], list[int]]] = {}
+        self.replayed: float | None = None
+        self.scripts: dict[tuple, tuple[dict[tuple[int, ...], list[int]], float]] = {}
+
+    def use(self, key: tuple, acceptance: float) -> None:
+        self.acceptance = acceptance
+        self.script, self.replayed = self.scripts.get(key, ({}, None))
 
     def propose(self, seqs, k: int) -> list[Draft]:
         return [Draft(self.draft(tuple(seq.prompt_ids), len(seq.output_ids), k)) for seq in seqs]
@@ -124,7 +130,8 @@ def sample(engine, prompts: list[list[int]], params, device: str, latency: bool)
     if latency:
         out |= {"decode_tok_s": 1e3 / out["tpot_p50_ms"], "ms_per_token": out["tpot_p50_ms"],
                 "prefill_ms": 1e3 * (outs[0].token_times[0] - outs[0].arrival_time)}
-    return out | spec_metrics(before, counters(engine))
+    replayed = getattr(getattr(getattr(engine, "speculator", None), "proposer", None), "replayed", None)
+    return out | spec_metrics(before, counters(engine)) | ({} if replayed is None else {"script_replayed": replayed})
 
 
 def spec_metrics(before: dict, after: dict) -> dict:
@@ -181,8 +188,7 @@ def apply(engine, setting: dict) -> None:
     """Set a p13 engine to one (acceptance, k, switch) of the speed sweep (nothing for others)."""
     if "scripted_acceptance" in setting:
         spec = engine.speculator
-        spec.proposer.acceptance = setting["scripted_acceptance"]
-        spec.proposer.script = spec.proposer.scripts.get(script_key(setting), {})
+        spec.proposer.use(script_key(setting), setting["scripted_acceptance"])
         spec.k, spec.accepted_per_pos = setting["num_speculative_tokens"], [0] * setting["num_speculative_tokens"]
         spec.max_batch = setting.get("speculative_disable_by_batch_size", engine.config.speculative_disable_by_batch_size)
 
@@ -223,10 +229,9 @@ def speed(args, run: dict) -> list[dict]:
                 continue
             settings = [{"speculative": "scripted", "num_speculative_tokens": k, "scripted_acceptance": a} |
                         ({"speculative_disable_by_batch_size": m} if m else {}) for a, k, m in sweep(args)]
-            replayed = script(engine, prompts, params, settings)
+            script(engine, prompts, params, settings)
             for setting in settings:
-                label = " ".join([spec.split()[0], *(f"{x}={y}" for x, y in setting.items())])
-                configs.append((label, engine, setting | {"script_replayed": round(replayed[script_key(setting)], 4)}))
+                configs.append((" ".join([spec.split()[0], *(f"{x}={y}" for x, y in setting.items())]), engine, setting))
         extra = {"batch": 1} if batch == 1 else {"concurrency": batch}
         records += measure_all(preset, args, configs, prompts, params, batch == 1, run,
                                "latency" if batch == 1 else "concurrency", out, extra)
@@ -245,11 +250,11 @@ def sweep(args) -> list[tuple[float, int, int | None]]:
     return [(a, k, m) for m in args.switch for a in args.acceptances for k in args.ks]
 
 
-def script(engine, prompts, params, settings: list[dict], passes: int = 6) -> dict[tuple, float]:
+def script(engine, prompts, params, settings: list[dict], passes: int = 6) -> None:
     """Gives the engine a ScriptedProposer holding, for each speed setting, the target's greedy
-    continuation of every prompt as that setting's own steps compute it; returns, per setting, the
-    share of prompts whose path the last pass gave back (1.0: every measured
-    sample replays the recording, so the measured acceptance is the asked one's hash pattern).
+    continuation of every prompt as that setting's own steps compute it, and the share of prompts
+    whose path the last pass gave back (1.0: every measured sample replays the recording, so the
+    measured acceptance is the asked one's hash pattern; each sample carries it as script_replayed).
 
     Why per setting: a random-weight model's logits are near-tied, and bf16 rounds a token's
     logits differently in another step layout (decode rows only, verifies of k drafts, requests
@@ -264,19 +269,18 @@ def script(engine, prompts, params, settings: list[dict], passes: int = 6) -> di
     def run() -> dict[tuple[int, ...], list[int]]:
         return {tuple(p): out.token_ids for p, out in zip(prompts, engine.generate(prompts, params))}
 
-    first, replayed = run(), {}             # no script yet: no drafts
+    first = run()                            # no script yet: no drafts
     for setting in settings:
         apply(engine, setting)
         recorded = first
         for _ in range(passes):
             proposer.script = recorded
             got = run()
-            replayed[script_key(setting)] = sum(got[p] == recorded[p] for p in got) / len(got)
+            replayed = sum(got[p] == recorded[p] for p in got) / len(got)
             if got == recorded:
                 break
             recorded = got
-        proposer.scripts[script_key(setting)] = recorded
-    return replayed
+        proposer.scripts[script_key(setting)] = (recorded, replayed)
 
 
 def script_key(setting: dict) -> tuple:

@@ -102,3 +102,15 @@ def test_a_part_leaves_other_parts_and_settings_alone(tmp_path):
     write_records(path, [rec("run-c", 70.0, engine="p03", concurrency=8) | {"part": "b"}])
     assert sorted(r["run_id"] for r in read(path)) == ["run-a", "run-a", "run-b", "run-c"]
     assert not history_path(path).exists()
+
+
+def test_a_run_note_in_the_setting_does_not_make_another_measurement(tmp_path):
+    """p13's speed records once carried how their script replayed in the setting: a later run of
+    the same part and asked setting replaces them all the same."""
+    path = tmp_path / "speed-h200.json"
+    noted = rec("run-a", 100.0) | {"part": "speed-16"}
+    noted["setting"] = noted["setting"] | {"script_fidelity": 0.9}
+    write_records(path, [noted])
+    write_records(path, [rec("run-b", 120.0) | {"part": "speed-16"}])
+    assert [r["run_id"] for r in read(path)] == ["run-b"]
+    assert [r["run_id"] for r in read(history_path(path))] == ["run-a"]

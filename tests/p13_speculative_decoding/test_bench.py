@@ -68,7 +68,8 @@ def test_speed_runner_at_tiny_scale(tmp_path, monkeypatch):
     assert labels == ["p12", "p12#2 (A/A)", "p13 scripted k=4 α=0.3", "p13 scripted k=4 α=0.95"]
     low, high = records[2]["metrics"], records[3]["metrics"]
     assert low["acceptance_rate"] < high["acceptance_rate"] and high["tokens_per_step"] > 2
-    assert records[3]["setting"]["script_replayed"] == 1.0      # every request's recorded path given back
+    assert records[3]["metrics"]["script_replayed"] == 1.0      # every request's recorded path given back
+    assert "script_replayed" not in records[0]["metrics"]         # p12: no script
     assert all(r["workload"] == "latency" and r["setting"]["batch"] == 1 and "tpot_p50_ms" in r["metrics"] for r in records)
     assert (tmp_path / PHASE / "speed-cpu.json").is_file()
 
