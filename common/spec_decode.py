@@ -130,7 +130,8 @@ def sample(engine, prompts: list[list[int]], params, device: str, latency: bool)
     if latency:
         out |= {"decode_tok_s": 1e3 / out["tpot_p50_ms"], "ms_per_token": out["tpot_p50_ms"],
                 "prefill_ms": 1e3 * (outs[0].token_times[0] - outs[0].arrival_time)}
-    replayed = getattr(getattr(getattr(engine, "speculator", None), "proposer", None), "replayed", None)
+    proposer = getattr(getattr(engine, "speculator", None), "proposer", None)
+    replayed = getattr(proposer, "replayed", None)             # a ScriptedProposer's, at this setting
     return out | spec_metrics(before, counters(engine)) | ({} if replayed is None else {"script_replayed": replayed})
 
 
@@ -157,12 +158,11 @@ def build(spec: str, preset: str, args, prompts, params):
 
 def one_step_budget(prompts, args) -> int:
     """A token budget that prefills every prompt in one step, drafts included (every engine of
-    the run gets it). The scripted proposer drafts the continuation recorded without drafts; with
-    the default budget (2048) a batch of 16 prompts of 512 tokens is prefilled in chunks, and
-    drafts move the chunk boundaries (decodes with drafts take more of each step). In bf16 other
-    boundaries can give other K/V values, and the batch's tokens drift from the script: batch 16
-    and 64 on the H200 measured acceptance 0.02-0.07 whatever was asked; on a CPU in bf16 a
-    chunked batch of 16 measured 0.68 where one prefill step measured 0.86 (asked: 0.95)."""
+    the run gets it, so p12 and p13 prefill alike). With the default budget (2048) a batch of 16
+    prompts of 512 tokens is prefilled in chunks, and drafts move the chunk boundaries (decodes
+    with drafts take more of each step). In bf16 other boundaries give other K/V values, and the
+    target leaves a script recorded with other boundaries: on a CPU in bf16 a chunked batch of 16
+    measured acceptance 0.68 where one prefill step measured 0.86 (asked: 0.95)."""
     return max(2048, sum(len(p) for p in prompts) + len(prompts) * (1 + max(args.ks)))
 
 

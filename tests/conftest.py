@@ -36,10 +36,9 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """Deselect what tests/selection.py says `make test` need not run again: a shared suite runs in
-    full only in phases whose copy of its files changed (elsewhere its smoke subset), and a
+    full only in phases whose copy of its files changed (elsewhere its smoke subset), a
     @pytest.mark.worker_code test only where worker.py / worker_pool.py changed (server_process:
-    serve.py / served.py), and a
-    @pytest.mark.slow test only in make test-all. Then skip
+    serve.py / served.py), and a @pytest.mark.slow test only in make test-all. Then skip
     @pytest.mark.gpu tests on machines without CUDA (every other test runs on CPU)."""
     if not selection.run_all(config):
         keep = [selection.selected(item) for item in items]
