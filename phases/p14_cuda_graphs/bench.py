@@ -9,7 +9,8 @@ CUDA graphs remove the host's launch time from decode steps, so they show where 
 the bottleneck: batch 1 (latency), 64 in flight, and the offline batch, on llama-1b and llama-8b.
 Both GPU attention backends run inside the graphs: "auto" (FlashAttention 4 where installed) and
 our Triton kernel. "nano-vllm" and "nano-vllm-8b" run the peer engine on the same workloads in
-the same machine start (common.peer; it needs the peer's public source, see the README).
+the same machine start (common.peer; it needs the peer's public source, see the README);
+"offline-8b-peer" runs p14 alone (twice) with a pool as large as the peer's, to read beside it.
 speculation: p13's speed measurement (common.spec_decode, llama-8b, batch 1, the scripted
 proposer at acceptance 0.6/0.8/0.95, k = 4) with and without graphs: speculation over p13 and
 over p14, in one run. p14's verify steps run eagerly, so the gain it had is measured again.
@@ -44,6 +45,12 @@ def offline_8b() -> list[list[str]]:
     return [["--workload", "offline", "--presets", "llama-8b", "--engines", ",".join(engines)]]
 
 
+def offline_8b_peer() -> list[list[str]]:
+    """p14 alone, built twice (its own A/A), each with a pool for the whole offline set at once (the
+    bench's default), as nano-vllm has: p14's offline number to read beside the peer's."""
+    return [["--workload", "offline", "--presets", "llama-8b", "--engines", f"{ENGINE},{ENGINE}#2"]]
+
+
 SERVED = [f"{e} server=http" for e in (*AA, ENGINE)]
 
 
@@ -72,6 +79,7 @@ GPU_PARTS = {
     "concurrency-8b": standard("concurrency", "llama-8b", "--concurrency", "64", engines=(ENGINE,)),
     "offline": standard("offline", "llama-1b", engines=(ENGINE,)),
     "offline-8b": offline_8b(),
+    "offline-8b-peer": offline_8b_peer(),
     "nano-vllm": peer.part(PHASE, "1b"),
     "nano-vllm-8b": peer.part(PHASE, "8b"),
     "speculation": speculation,
