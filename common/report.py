@@ -507,8 +507,22 @@ def across_runs(records: list[dict], phase: str, command: str) -> str:
 
 # --- profile: decode-step profile records of a phase, per device --------------------------------
 PROFILE = {"wall_ms_per_step": ("wall ms/step", "{:.2f}"), "kernels_per_step": ("kernels/step", "{:.0f}"),
-           "gpu_busy_ms": ("GPU busy ms", "{:.2f}"), "syncs_per_step": ("syncs/step", "{:.0f}"),
+           "gpu_busy_ms": ("GPU busy ms", "{:.2f}"), "gpu_idle": ("GPU idle", "{:.0%}"),
+           "prepare_us": ("host µs to prepare inputs", "{:.0f}"), "syncs_per_step": ("syncs/step", "{:.0f}"),
            "ideal_ms_per_step": ("floor ms", "{:.3f}"), "roofline_frac": ("% of roofline", "{:.1%}")}
+
+
+def profile_metric(rec: dict, key: str) -> float | None:
+    """A profile column: a recorded metric, or one derived from them. "gpu_idle": the share of an
+    unprofiled step's wall time the GPU is not busy (the profiler slows the host, not the kernels);
+    "prepare_us": the host time of the "prepare inputs" stage, clocked without the profiler."""
+    if key == "gpu_idle":
+        busy, wall = metric(rec, "gpu_busy_ms"), metric(rec, "wall_ms_per_step")
+        return max(0.0, 1 - busy / wall) if busy and wall else None        # no GPU time on a CPU
+    if key == "prepare_us":
+        ms = (rec.get("metrics", {}).get("stage_host_ms") or {}).get("prepare inputs")
+        return None if ms is None else 1e3 * ms
+    return metric(rec, key)
 
 
 def profile_table(records: list[dict], phase: str, device: str) -> str | None:
@@ -522,11 +536,12 @@ def profile_table(records: list[dict], phase: str, device: str) -> str | None:
     def setting(r: dict) -> tuple:
         return tuple((r.get("setting") or {}).get(k, "–") for k in keys)
     rows = [[r["preset"], *map(str, setting(r)),
-             *["–" if metric(r, k) is None else f.format(metric(r, k)) for k, (_, f) in PROFILE.items()]]
+             *["–" if profile_metric(r, k) is None else f.format(profile_metric(r, k)) for k, (_, f) in PROFILE.items()]]
             for r in sorted(recs, key=lambda r: _rank((r["preset"], *setting(r))))]
     dtypes = ", ".join(sorted({str(r.get("dtype")) for r in recs}))
     caption = (f"**{device}**, one decode step ({dtypes}): wall = median of unprofiled steps; kernels, GPU busy "
-               "and syncs from the profiled steps; floor = weights + KV read once at the measured copy bandwidth")
+               "and syncs from the profiled steps; GPU idle = 1 − busy / wall; host µs to prepare inputs "
+               "clocked without the profiler; floor = weights + KV read once at the measured copy bandwidth")
     header = ["model", *keys, *[label for label, _ in PROFILE.values()]]
     return f"{caption}\n\n{table(header, rows)}\n\n{provenance_line(recs)}"
 

@@ -237,11 +237,11 @@ def test_profile_rows_per_batch_and_setting(tmp_path):
     report.main(["--root", str(tmp_path)])
     text = (tmp_path / "phases/p05_prof/README.md").read_text()
     assert rows(text) == [
-        "| model | batch | lean_step | wall ms/step | kernels/step | GPU busy ms | syncs/step | floor ms "
-        "| % of roofline |",
-        "| llama-1b | 1 | 0 | 10.00 | 558 | 2.00 | 7 | 0.500 | 5.0% |",
-        "| llama-1b | 1 | 1 | 8.00 | 414 | 2.00 | 7 | 0.500 | 6.2% |",
-        "| llama-1b | 64 | 0 | 12.00 | 568 | 2.00 | 7 | 0.500 | 4.2% |"]
+        "| model | batch | lean_step | wall ms/step | kernels/step | GPU busy ms | GPU idle "
+        "| host µs to prepare inputs | syncs/step | floor ms | % of roofline |",
+        "| llama-1b | 1 | 0 | 10.00 | 558 | 2.00 | 80% | – | 7 | 0.500 | 5.0% |",
+        "| llama-1b | 1 | 1 | 8.00 | 414 | 2.00 | 75% | – | 7 | 0.500 | 6.2% |",
+        "| llama-1b | 64 | 0 | 12.00 | 568 | 2.00 | 83% | – | 7 | 0.500 | 4.2% |"]
     assert "`results/p05_prof/profile-h200.json` (" in text
     assert report.profile_tables([], "p05_prof").startswith("_No profile yet: run `make phase-05 profile`")
 
@@ -427,3 +427,20 @@ def test_a_part_marker_tables_that_part_and_its_8b_twin_only(tmp_path):
     assert header.startswith("| model | p13 http | **p14 http** |") and "| p14 |" not in header
     assert one.startswith("| llama-1b (c=64) | 90.0 | 200 |") and one.endswith("| 2.22× (2.22–2.22) |")
     assert eight.startswith("| llama-8b (c=64) | 30.0 | 60.0 |")
+
+
+def test_profile_table_derives_gpu_idle_and_host_prepare_time(tmp_path):
+    """GPU idle is 1 - busy / unprofiled wall; the prepare column is the clocked host stage in µs;
+    a CPU profile (no GPU time) shows "–" for idle, not 100%."""
+    def prof(device, busy, wall, prepare_ms):
+        rec = record("p14_graphs", "p14", "llama-1b", "profile", device=device, gpu_busy_ms=busy,
+                     wall_ms_per_step=wall, stage_host_ms={"prepare inputs": prepare_ms})
+        return rec | {"setting": {"batch": 1}}
+    write(tmp_path, "p14_graphs/profile-h200.json", [prof("NVIDIA H200", 1.2, 1.5, 0.029)])
+    write(tmp_path, "p14_graphs/profile-cpu.json", [prof("cpu", 0.0, 0.6, 0.068)])
+    records = report.load_records(tmp_path)
+    header, row = rows(report.profile_table(records, "p14_graphs", "NVIDIA H200"))
+    assert "| GPU idle | host µs to prepare inputs |" in header
+    assert "| 1.20 | 20% | 29 |" in row
+    _, cpu_row = rows(report.profile_table(records, "p14_graphs", "cpu"))
+    assert "| 0.00 | – | 68 |" in cpu_row
