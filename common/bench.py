@@ -230,9 +230,12 @@ def record(name, preset, args, work_setting, samples, hw, run, resident_gib) -> 
 
 
 def engine_facts(engine) -> dict:
-    """What an engine reports of its own start-up (a CUDA-graph engine: its buckets, capture
-    seconds and graph memory), under "engine_facts"; nothing for engines that report nothing."""
-    facts = getattr(engine, "graph_stats", None)
+    """What an engine reports of its own start-up, under "engine_facts": the attention backend
+    "auto" resolved to (FlashAttention only where it imports: a record says which one ran) and,
+    for a CUDA-graph engine, its buckets, capture seconds and graph memory."""
+    facts = dict(getattr(engine, "graph_stats", None) or {})
+    backend = getattr(getattr(getattr(engine, "runner", None), "backend", None), "name", None)
+    facts |= {"attention_backend": backend} if backend else {}
     return {"engine_facts": facts} if facts else {}
 
 

@@ -146,6 +146,14 @@ def test_engine_options_reach_phase_engines_and_the_setting(tmp_path):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03", "--engine-options", "x")
 
 
+def test_records_name_the_attention_backend_auto_resolved_to(tmp_path):
+    """"auto" is FlashAttention only where it imports: each record says which backend ran (a GPU
+    run without it would otherwise measure another engine under the same name); p03 has none."""
+    records = run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p06,p03")
+    facts = {r["engine"]: r.get("engine_facts", {}) for r in records}
+    assert facts["p06"]["attention_backend"] == "torch" and "attention_backend" not in facts["p03"]
+
+
 def test_offline_requests_sets_the_size_and_the_setting(tmp_path):
     """--requests N: N requests from the same seeded stream (the standard set is its prefix),
     recorded in the setting so it never replaces the standard-size record."""
