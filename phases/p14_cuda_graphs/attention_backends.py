@@ -21,7 +21,8 @@ decode(q, k_pages, v_pages, step). Shapes:
               prefill as varlen queries in one call.
   triton      our own paged decode kernel (triton_decode.py), same reads as flash-attn's decode;
               prefill is the torch reference's. On a GPU, or on CPU under TRITON_INTERPRET=1.
-  auto        flash-attn when it imports and the device is a GPU, else torch.
+  auto        on a GPU flash-attn when it imports, else triton (both run inside a CUDA graph; the
+              torch reference cannot); on CPU torch.
 """
 from __future__ import annotations
 
@@ -150,7 +151,9 @@ def resolve_backend(name: str, device: str) -> str:
     """The backend an engine option names, checked now: "auto" picks; an impossible choice is a
     clear error at construction, not a failure in the first step."""
     if name == "auto":
-        return "flash-attn" if device.startswith("cuda") and flash_attn_available() else "torch"
+        if not device.startswith("cuda"):
+            return "torch"
+        return "flash-attn" if flash_attn_available() else "triton"
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {['auto', *BACKENDS]}, got {name!r}")
     if name == "flash-attn" and not device.startswith("cuda"):

@@ -36,8 +36,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # keep written KV blocks in a radix tree; a request reads its
                                      # cached prefix instead of computing it (False: no sharing)
     attention_backend: str = "auto"  # "torch" (exact, everywhere), "flash-attn" (FlashAttention 4,
-                                     # GPU), "triton" (our kernel); "auto": flash-attn when importable
-                                     # on a GPU, else torch
+                                     # GPU), "triton" (our kernel); "auto": on a GPU flash-attn when
+                                     # importable, else triton (both capture); on CPU torch
     speculative: str | None = None   # who drafts tokens for the target to verify: "ngram" (prompt
                                      # lookup) or "draft" (a self-draft); None (or "none"): off
     num_speculative_tokens: int = 4  # k: tokens drafted per sequence and step

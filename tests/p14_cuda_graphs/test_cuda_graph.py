@@ -40,6 +40,16 @@ def test_graphs_are_off_on_cpu_and_with_the_torch_backend():
         config.EngineConfig(model="tiny-llama", device="cpu", cuda_graph="maybe")
 
 
+def test_auto_picks_a_backend_that_captures_on_a_gpu(monkeypatch):
+    """On a GPU without FlashAttention "auto" is our Triton kernel, not the torch reference: the
+    graphs (this phase's idea) still apply. On CPU it stays torch."""
+    backends = importlib.import_module(f"phases.{PHASE}.attention_backends")
+    for installed, expected in ((True, "flash-attn"), (False, "triton")):
+        monkeypatch.setattr(backends, "flash_attn_available", lambda: installed)
+        assert backends.resolve_backend("auto", "cuda:0") == expected
+    assert backends.resolve_backend("auto", "cpu") == "torch"
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     return phase.LLM("smollm2-135m", device="cpu", max_model_len=192, max_num_seqs=8, max_num_batched_tokens=256)
