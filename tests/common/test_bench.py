@@ -146,14 +146,6 @@ def test_engine_options_reach_phase_engines_and_the_setting(tmp_path):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03", "--engine-options", "x")
 
 
-def test_records_name_the_attention_backend_auto_resolved_to(tmp_path):
-    """"auto" is FlashAttention only where it imports: each record says which backend ran (a GPU
-    run without it would otherwise measure another engine under the same name); p03 has none."""
-    records = run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p06,p03")
-    facts = {r["engine"]: r.get("engine_facts", {}) for r in records}
-    assert facts["p06"]["attention_backend"] == "torch" and "attention_backend" not in facts["p03"]
-
-
 def test_offline_requests_sets_the_size_and_the_setting(tmp_path):
     """--requests N: N requests from the same seeded stream (the standard set is its prefix),
     recorded in the setting so it never replaces the standard-size record."""
@@ -226,8 +218,11 @@ def test_each_round_rotates_the_engines_order():
 
 
 def test_per_repeat_ratios_come_from_one_run(tmp_path):
-    """Two engines of one run pair up by repeat; records of two runs give no ratio."""
-    a, b = run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p02,p03")
+    """Two engines of one run pair up by repeat; records of two runs give no ratio. Each record
+    names the attention backend "auto" resolved to (FlashAttention only where it imports: a GPU
+    run without it would otherwise measure another engine under the same name); p03 has none."""
+    a, b = run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03,p06")
+    assert b["engine_facts"]["attention_backend"] == "torch" and "engine_facts" not in a
     r = stats.paired_ratio(b, a, "decode_tok_s")
     assert r["pairs"] == 2 and r["min"] <= r["median"] <= r["max"]
     expected = [s["decode_tok_s"] / t["decode_tok_s"] for s, t in zip(b["samples"], a["samples"])]
