@@ -43,8 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--attention-backend", default="auto", help="torch, flash-attn, triton or auto (flash-attn on "
-                   "a GPU when installed)")
+    p.add_argument("--attention-backend", default="auto", help="torch, flash-attn, triton or auto (on a GPU "
+                   "flash-attn when installed, else triton; on CPU torch)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                    help="run every step eagerly (the ablation: without this phase's idea)")
     p.add_argument("--parallel", default="none", help="none, replica or pipeline (worker processes)")
