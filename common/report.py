@@ -535,8 +535,9 @@ def profile_table(records: list[dict], phase: str, device: str) -> str | None:
 
     def setting(r: dict) -> tuple:
         return tuple((r.get("setting") or {}).get(k, "–") for k in keys)
-    rows = [[r["preset"], *map(str, setting(r)),
-             *["–" if profile_metric(r, k) is None else f.format(profile_metric(r, k)) for k, (_, f) in PROFILE.items()]]
+    def cells(r: dict) -> list[str]:
+        return ["–" if profile_metric(r, k) is None else f.format(profile_metric(r, k)) for k, (_, f) in PROFILE.items()]
+    rows = [[r["preset"], *map(str, setting(r)), *cells(r)]
             for r in sorted(recs, key=lambda r: _rank((r["preset"], *setting(r))))]
     dtypes = ", ".join(sorted({str(r.get("dtype")) for r in recs}))
     caption = (f"**{device}**, one decode step ({dtypes}): wall = median of unprofiled steps; kernels, GPU busy "
