@@ -91,7 +91,17 @@ def build_engines(preset: str, args, works: list) -> tuple[dict, dict]:
         engines[name] = make_engine(engine_name(name), preset, args.device, args.dtype, **options)
         if args.device.startswith("cuda") and not getattr(engines[name], "runs_in_workers", False):
             resident[name] = (measure.memory_allocated(args.device) - before) / 2**30
+        warn_if_auto_fell_back(name, engines[name], args.device)
     return engines, resident
+
+
+def warn_if_auto_fell_back(name: str, engine, device: str) -> None:
+    """On a GPU, "auto" means FlashAttention where it is installed; where it is not, say so before
+    any number is taken: the records would otherwise measure another attention path unnoticed."""
+    backend = engine_facts(engine).get("engine_facts", {}).get("attention_backend")
+    if device.startswith("cuda") and backend not in (None, "flash-attn") and "attention_backend" not in name:
+        print(f"[bench] note: {name} runs attention on {backend}: FlashAttention is not installed here "
+              "(see the phase README); its records say so (engine_facts)", file=sys.stderr)
 
 
 def sized_options(name: str, preset: str, args, works: list) -> dict:

@@ -357,3 +357,17 @@ def test_pinning_applies_on_a_gpu_host_only_and_is_undone(monkeypatch):
     monkeypatch.setattr(os, "sched_setaffinity", refuse)
     with bench.pinned_cores(True, "cuda") as cores:
         assert cores is None                     # refused: measured unpinned, not a crash
+
+
+def test_a_gpu_engine_whose_auto_is_not_flash_attention_is_named(capsys):
+    """A GPU without FlashAttention: "auto" falls back, and the run says so before any number."""
+    from types import SimpleNamespace
+
+    def engine(backend):
+        return SimpleNamespace(runner=SimpleNamespace(backend=SimpleNamespace(name=backend)))
+    bench.warn_if_auto_fell_back("p14", engine("triton"), "cuda")
+    assert "p14 runs attention on triton: FlashAttention is not installed" in capsys.readouterr().err
+    for name, eng, device in (("p14", engine("flash-attn"), "cuda"), ("p06", engine("torch"), "cpu"),
+                              ("p06 attention_backend=torch", engine("torch"), "cuda"), ("p03", object(), "cuda")):
+        bench.warn_if_auto_fell_back(name, eng, device)
+    assert capsys.readouterr().err == ""
