@@ -13,6 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
+from .report import table as markdown_table
 from .results import RESULTS
 
 # (class, substrings of a kernel's name): the first class that matches wins, so copies are
@@ -84,5 +85,4 @@ def table(records: list[dict], root: Path = RESULTS) -> str:
             rows.append([cls, *[f"{c['us']:.0f} ({c['count']:.0f}, {c['share']:.0%})" for c in cells]])
     floors = [f"{1e3 * r['metrics']['ideal_ms_per_step']:.0f}" for r, _ in maps]
     rows.append(["floor (weights + KV once)", *[f"{f} µs" for f in floors]])
-    lines = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+    return markdown_table(header, rows)
