@@ -34,7 +34,7 @@ def test_long_mix_sweeps_the_budget_up_to_no_chunking():
     assert {512, 1024, 2048, 4096, 8192, 16384} <= set(budgets)
     assert 16384 > long_mix.MIXES["llama-1b", "full"].long_hi + long_mix.MIXES["llama-1b", "full"].streams
     assert set(bench.CPU_PARTS) == {"long-mix", "offline", "concurrency"}
-    assert {"long-mix", "long-mix-8b", "offline", "concurrency", "concurrency-8b"} == set(bench.GPU_PARTS)
+    assert {"long-mix", "long-mix-8b", "long-mix-8b-b", "offline", "concurrency", "concurrency-8b"} == set(bench.GPU_PARTS)
 
 
 def test_every_engine_spec_is_a_valid_config():
