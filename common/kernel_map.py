@@ -1,7 +1,7 @@
 """Where a profiled decode step's GPU time goes, by kernel class: the map for the next phases.
 
 `make phase-NN profile` writes a chrome trace per batch size beside its records (the record's
-"trace": results/<phase>/trace-<device>-b<B>.json.gz, `steps` decode steps under torch.profiler).
+"trace": results/<phase>/trace-<device>-<model>-b<B>.json.gz, `steps` decode steps under torch.profiler).
 This module reads one back and sums its GPU kernels by class, per decode step: weight GEMMs,
 attention, norms, rotary + K/V write, other elementwise ops, sampling, copies. Against the step's
 bandwidth floor it says which kernels a later phase should rewrite (attention at batch 1: split-K)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +51,12 @@ def provenance(device_name: str) -> dict:
 def device_tag(device_name: str) -> str:
     """File-name tag for a device: "NVIDIA H200" -> "h200", "cpu" -> "cpu"."""
     return device_name.split()[-1].lower() if device_name != "cpu" else "cpu"
+
+
+def trace_name(device_name: str, model: str, batch: int) -> str:
+    """A profile trace's file name: "trace-h200-llama-8b-b1.json.gz" (a model path's "/" becomes "_",
+    so two models profiled into one folder keep their own traces)."""
+    return f"trace-{device_tag(device_name)}-{re.sub(r'[^A-Za-z0-9._-]', '_', model)}-b{batch}.json.gz"
 
 
 def record_key(rec: dict) -> str:

@@ -27,7 +27,7 @@ from torch.autograd import DeviceType
 from common import roofline, workloads
 from common.bench import free_memory
 from common.device import default_device, device_name, dtype_name, synchronize
-from common.results import device_tag, provenance, write_records
+from common.results import device_tag, provenance, trace_name, write_records
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]
@@ -82,7 +82,7 @@ def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_
                    bandwidth: float | None = None, **engine_options) -> list[dict]:
     """Profile `steps` decode steps at each batch size of one engine LLM(model, **engine_options);
     returns one record per batch size and, with out_dir, writes them (profile-<device>.json) with
-    a gzipped chrome trace per batch size (trace-<device>-b<B>.json.gz). engine_options are also
+    a gzipped chrome trace per batch size (trace-<device>-<model>-b<B>.json.gz). engine_options are also
     the record's setting, so the same call profiles an option on and off."""
     from .engine import LLM                       # the engine imports stage() from this module
     check_counts(batch_sizes, steps, timed_steps, warmup)
@@ -96,7 +96,7 @@ def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_
     tag = device_tag(device_name(llm.device))
     records = []
     for batch in batch_sizes:
-        trace = out_dir / f"trace-{tag}-b{batch}.json.gz" if out_dir else None
+        trace = out_dir / trace_name(device_name(llm.device), model, batch) if out_dir else None
         summary, samples = profile_batch(llm, batch, steps, timed_steps, warmup, scale, bandwidth, trace)
         setting = {"batch": batch} | {k: v for k, v in engine_options.items() if k not in ("device", "dtype")} \
             | {"attention_backend": llm.config.attention_backend}    # the one "auto" resolved to

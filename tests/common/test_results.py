@@ -114,3 +114,10 @@ def test_a_run_note_in_the_setting_does_not_make_another_measurement(tmp_path):
     write_records(path, [rec("run-b", 120.0) | {"part": "speed-16"}])
     assert [r["run_id"] for r in read(path)] == ["run-b"]
     assert [r["run_id"] for r in read(history_path(path))] == ["run-a"]
+
+
+def test_trace_name_keeps_two_models_apart():
+    from common.results import trace_name
+    assert trace_name("NVIDIA H200", "llama-8b", 1) == "trace-h200-llama-8b-b1.json.gz"
+    assert trace_name("cpu", "org/some model", 64) == "trace-cpu-org_some_model-b64.json.gz"
+    assert trace_name("cpu", "llama-1b", 1) != trace_name("cpu", "llama-8b", 1)

@@ -65,7 +65,7 @@ def test_trace_is_gzipped_json_naming_every_stage(profiled, profiler):
     out, records = profiled
     for rec in records:
         path = out / rec["trace"]
-        assert path.name == f"trace-cpu-b{rec['setting']['batch']}.json.gz"
+        assert path.name == f"trace-cpu-tiny-llama-b{rec['setting']['batch']}.json.gz"
         assert path.stat().st_size < 300_000
         names = {e.get("name") for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]}
         assert set(profiler.STAGES) <= names
@@ -152,4 +152,4 @@ def test_cli_profile_writes_summary_and_trace(capsys, tmp_path, cli):
     assert line.startswith("[profile] tiny-llama batch 2 on cpu")
     # GPU idle is measured on the profiled steps: printed beside their wall, not the unprofiled one
     assert re.search(r"under the profiler \d+\.\d\d ms/step, GPU idle \d+% of it$", line), line
-    assert {p.name for p in tmp_path.iterdir()} == {"profile-cpu.json", "trace-cpu-b2.json.gz"}
+    assert {p.name for p in tmp_path.iterdir()} == {"profile-cpu.json", "trace-cpu-tiny-llama-b2.json.gz"}
