@@ -273,7 +273,7 @@ def results_table(records: list[dict], device: str = GPU) -> str:
               "TTFT short p50 ms", "ITL p99 vs p10", "tok/s vs p10", "TTFT long vs p10"]
     sources = "; ".join(f"{r['preset']}: {r['provenance']['make_command']}, git {short_sha(r['provenance']['git_sha'])}, "
                         f"run {r['run_id']}, {r['provenance']['utc'][:10]}" for r in used)
-    return (table(header, rows) + f"\n\n_Source: `results/{used[0]['phase']}/{WORKLOAD}-{device_tag(device)}.json` "
+    return (table(header, rows) + f"\n\n_Source: `results/{used[0]['phase']}/{WORKLOAD}*-{device_tag(device)}.json` "
             f"({sources})._") if rows else f"_No long-mix run on {device} yet._"
 
 
@@ -297,7 +297,7 @@ def main(argv=None, part: str | None = None, make_command: str | None = None) ->
         update_readme(argv[1])
         return []
     args = parse_args(argv)
-    out = Path(args.out or RESULTS / args.phase / f"{WORKLOAD}-{device_tag(device_name(args.device))}.json")
+    out = Path(args.out or RESULTS / args.phase / f"{args.file}-{device_tag(device_name(args.device))}.json")
     bench.check_out(out)
     run = {"run_id": uuid.uuid4().hex[:12], "part": part, "make_command": make_command}
     records = []
@@ -312,6 +312,9 @@ def main(argv=None, part: str | None = None, make_command: str | None = None) ->
 
 def parse_args(argv):
     p = runner_args.parser(__doc__, "p11_chunked_prefill", "p10,p10#2,p11 max_num_batched_tokens=2048", WORKLOAD)
+    p.add_argument("--file", default=WORKLOAD, help="result file stem under results/<phase>/ (default: the "
+                   "workload); a part whose engines another part also runs on the same preset needs its own file, "
+                   "or its run replaces theirs")
     return runner_args.finish(p, argv)
 
 

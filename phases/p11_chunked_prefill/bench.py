@@ -44,13 +44,13 @@ def standard(workload: str, preset: str, *extra: str) -> list[list[str]]:
 # short prompt share a step with a long one (max_num_partial_prefills).
 SWEEP_1B = [budget(b) for b in (512, 1024, 2048, 4096, 8192, 16384)] + [budget(2048, "max_num_partial_prefills=2")]
 # Five 8B engines share one GPU (weights and a pool each): the 8B sweep is two parts, each with
-# its own A/A control, read as two runs.
+# its own A/A control, read as two runs; the second has a file of its own (its p10 would replace the first's).
 SWEEP_8B = [budget(b) for b in (512, 2048, 8192)]
 SWEEP_8B_B = [budget(b) for b in (1024, 4096, 16384)]
 GPU_PARTS = {
     "long-mix": mix("long-mix", "llama-1b", AA + SWEEP_1B),
     "long-mix-8b": mix("long-mix-8b", "llama-8b", AA + SWEEP_8B),
-    "long-mix-8b-b": mix("long-mix-8b-b", "llama-8b", AA + SWEEP_8B_B),
+    "long-mix-8b-b": mix("long-mix-8b-b", "llama-8b", AA + SWEEP_8B_B, "--file", "long-mix-8b-b"),
     "offline": standard("offline", "llama-1b"),
     "concurrency": standard("concurrency", "llama-1b", "--concurrency", "1,64"),
     "concurrency-8b": standard("concurrency", "llama-8b", "--concurrency", "64"),

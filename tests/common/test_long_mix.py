@@ -82,3 +82,32 @@ def test_mix_for_scales_and_presets():
     assert long_mix.mix_for("llama-8b", "full").streams == 16
     with pytest.raises(ValueError, match="no full-scale long-mix"):
         long_mix.mix_for("tiny-llama", "full")
+
+
+def fake_record(engine: str, budget: int | None, part: str, run: str, utc: str, itl_p99: float) -> dict:
+    """A long-mix record of two repeats: ITL p99 as given, every other metric 10."""
+    keys = ("output_tok_s", "itl_p50_ms", "ttft_long_p50_ms", "ttft_short_p50_ms")
+    metrics = {k: 10.0 for k in keys} | {"itl_p99_ms": itl_p99}
+    return {"phase": "p11_x", "engine": engine, "workload": long_mix.WORKLOAD, "preset": "llama-8b",
+            "device": long_mix.GPU, "setting": {"max_num_batched_tokens": budget} if budget else {},
+            "run_id": run, "part": part, "metrics": metrics, "samples": [{"repeat": i} | metrics for i in range(2)],
+            "provenance": {"utc": utc, "git_sha": "a" * 40, "make_command": f"make phase-11 bench PART={part}"}}
+
+
+def test_a_sweep_over_two_parts_shows_each_run_against_its_own_baseline():
+    first = [fake_record("p10", None, "mix-a", "r1", "2026-01-01", 40.0), fake_record("p10#2", None, "mix-a", "r1", "2026-01-01", 40.0),
+             fake_record("p11", 2048, "mix-a", "r1", "2026-01-01", 20.0)]
+    second = [fake_record("p10", None, "mix-b", "r2", "2026-01-02", 80.0), fake_record("p10#2", None, "mix-b", "r2", "2026-01-02", 80.0),
+              fake_record("p11", 1024, "mix-b", "r2", "2026-01-02", 20.0)]
+    runs = long_mix.newest_runs(first + second, long_mix.GPU, "llama-8b")
+    assert [[r["run_id"] for r in run] for run in runs] == [["r1"] * 3, ["r2"] * 3]
+    text = long_mix.results_table(first + second)
+    assert "| llama-8b (mix-a) | 2048 |" in text and "| llama-8b (mix-b) | 1024 |" in text
+    assert "2.00×" in text and "4.00×" in text          # each budget over its own run's p10, never across runs
+    assert "PART=mix-a" in text and "PART=mix-b" in text
+
+
+def test_file_option_names_the_result_file():
+    args = long_mix.parse_args(["--phase", "p11_x", "--engines", "p10", "--file", "long-mix-8b-b", "--device", "cpu"])
+    assert args.file == "long-mix-8b-b"
+    assert long_mix.parse_args(["--phase", "p11_x", "--engines", "p10", "--device", "cpu"]).file == long_mix.WORKLOAD
