@@ -1,5 +1,6 @@
 """The long-mix workload: seeded Poisson arrivals inside the window, streams kept full (closed
 loop), long prompts' TTFT from their scheduled arrival, percentiles as numpy computes them."""
+import dataclasses
 import time
 
 import pytest
@@ -111,3 +112,16 @@ def test_file_option_names_the_result_file():
     args = long_mix.parse_args(["--phase", "p11_x", "--engines", "p10", "--file", "long-mix-8b-b", "--device", "cpu"])
     assert args.file == "long-mix-8b-b"
     assert long_mix.parse_args(["--phase", "p11_x", "--engines", "p10", "--device", "cpu"]).file == long_mix.WORKLOAD
+
+
+def test_warm_up_runs_the_mix_itself_before_the_clock():
+    """Besides the longest prompt, the warm-up runs the mix (streams decoding beside long prompts)
+    for a short window: the steps a timed repeat takes, compiled and allocated before it."""
+    engine = FakeEngine(step_s=0.001)
+    engine.generate = lambda prompts, params: None           # the first, shape-only pass
+    mix = long_mix.Mix(streams=2, short_prompt=4, short_output=2, long_lo=8, long_hi=12, long_output=2,
+                       rate=50.0, window_s=100.0)
+    long_mix.warm_up(engine, mix, "cpu")
+    longs = [n for _, n, _ in engine.added if n >= mix.long_lo]
+    assert longs and len(longs) == len(dataclasses.replace(mix, window_s=long_mix.WARM_UP_WINDOW_S).long_arrivals())
+    assert not engine.has_unfinished()
