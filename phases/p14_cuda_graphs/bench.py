@@ -16,6 +16,9 @@ proposer at acceptance 0.6/0.8/0.95, k = 4) with and without graphs: speculation
 over p14, in one run. p14's verify steps run eagerly, so the gain it had is measured again.
 serving: the same engines behind their HTTP servers (p09's server, the engine in its own
 process), 1 to 64 streams in flight: whether the graphs' gain reaches a served user.
+profile-pair: this engine's decode step without graphs (`cuda_graph=False`, the ablation) and
+with them, profiled in one process in rotated rounds (common.profile_pair): GPU idle, kernels and
+host time per step, the idea itself. On a CPU both run eagerly: the part's plumbing only.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import sys
 
 from common import peer, spec_decode
 from common.bench_set import run_parts
+from common.profile_pair import profile_part
 
 PHASE = __package__.split(".")[-1]
 ENGINE = PHASE[:3]                                          # "p14"
@@ -86,11 +90,15 @@ GPU_PARTS = {
     "serving": serving("llama-1b", "1,8,64"),
     "serving-8b": serving("llama-8b", "1,64"),
 }
+GPU_PARTS["profile-pair"] = profile_part(PHASE, [(ENGINE, {"attention_backend": "triton", "cuda_graph": False}),
+                                                (ENGINE, {"attention_backend": "triton", "cuda_graph": True})])
 SMALL = ("--scale", "small")
 CPU_PARTS = {
     "latency": standard("latency", "tiny-llama", *SMALL, engines=(ENGINE,)),
     "concurrency": standard("concurrency", "tiny-llama", "--concurrency", "8,32", *SMALL, engines=(ENGINE,)),
     "serving": serving("tiny-llama", "1,8", *SMALL),
+    "profile-pair": profile_part(PHASE, [(ENGINE, {"attention_backend": "torch", "cuda_graph": False}),
+                                         (ENGINE, {"attention_backend": "torch", "cuda_graph": True})]),
 }
 
 

@@ -83,3 +83,18 @@ def test_readme_speculation_table_is_generated():
     m = re.search(r"<!-- spec-decode:speed -->\n(.*?)\n<!-- /spec-decode:speed -->", text, re.S)
     assert m and m.group(1) == spec_decode.speed_table(read_records(PHASE), PHASE), \
         f"stale: python -m common.spec_decode readme {PHASE}"
+
+
+def test_profile_pair_profiles_the_step_without_and_with_graphs(tmp_path, monkeypatch):
+    """The ablation and the engine in one process, rotated rounds, one run id: a record per
+    setting and batch size, told apart by cuda_graph (on a CPU both run eagerly)."""
+    import json
+    monkeypatch.setattr(importlib.import_module("common.profile_pair"), "RESULTS", tmp_path)
+    gpu = bench.GPU_PARTS["profile-pair"]
+    assert callable(gpu) and callable(bench.CPU_PARTS["profile-pair"])
+    bench.CPU_PARTS["profile-pair"](["--device", "cpu"], "make phase-14 bench PART=profile-pair")
+    records = json.loads((tmp_path / PHASE / "profile-pair-cpu.json").read_text())
+    assert sorted((r["setting"]["cuda_graph"], r["setting"]["batch"]) for r in records) == \
+        [(False, 1), (False, 3), (True, 1), (True, 3)]
+    assert {r["engine"] for r in records} == {"p14"} and len({r["run_id"] for r in records}) == 1
+    assert all(r["metrics"]["rounds"] == len(r["samples"]) == 2 and r["metrics"]["wall_ms_per_step"] > 0 for r in records)
