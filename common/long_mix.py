@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import bench, runner_args, stats
+from . import bench, measure, runner_args, stats
 from .device import device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
@@ -96,6 +96,7 @@ def sample(engine, mix: Mix, device: str) -> dict:
     rng, longs = random.Random(mix.seed + 1), mix.long_arrivals()
     short_ids = lambda: [rng.randrange(PROMPT_ID_RANGE) for _ in range(mix.short_prompt)]   # noqa: E731
     kinds, scheduled, outputs = {}, {}, {}
+    preempted = measure.preemptions(engine)
     synchronize(device)
     start = time.perf_counter()
     for _ in range(mix.streams):
@@ -114,7 +115,10 @@ def sample(engine, mix: Mix, device: str) -> dict:
             if kinds[rid] == "short" and time.perf_counter() - start < mix.window_s:
                 kinds[engine.add_request(short_ids(), greedy(mix.short_output))] = "short"
     synchronize(device)
-    return metrics(outputs, kinds, scheduled, time.perf_counter() - start)
+    m = metrics(outputs, kinds, scheduled, time.perf_counter() - start)
+    if preempted is not None:       # a stalled repeat: did the pool run out and recompute?
+        m["num_preemptions"] = measure.preemptions(engine) - preempted
+    return m
 
 
 def metrics(outputs: dict, kinds: dict, scheduled: dict, wall: float) -> dict:

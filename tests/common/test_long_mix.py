@@ -61,6 +61,20 @@ def test_sample_keeps_the_streams_full_and_measures_every_request():
     assert not engine.live                                       # the sample ends with every request done
     assert m["output_tok_s"] > 0 and m["itl_p50_ms"] <= m["itl_p99_ms"] <= m["itl_max_ms"]
     assert m["ttft_long_p50_ms"] > m["ttft_short_p50_ms"]       # 3 steps to a long prompt's first token
+    assert "num_preemptions" not in m                            # an engine without a preemption count
+
+
+def test_sample_counts_the_preemptions_of_its_own_run():
+    engine = FakeEngine()
+    engine.scheduler = type("Scheduler", (), {"num_preemptions": 5})()
+    step = engine.step
+
+    def preempting_step():                                      # two preemptions over the run
+        if engine.scheduler.num_preemptions < 7:
+            engine.scheduler.num_preemptions += 1
+        return step()
+    engine.step = preempting_step
+    assert long_mix.sample(engine, MIX, "cpu")["num_preemptions"] == 2
 
 
 def test_long_ttft_counts_from_the_scheduled_arrival():
