@@ -535,6 +535,7 @@ def profile_table(records: list[dict], phase: str, device: str) -> str | None:
 
     def setting(r: dict) -> tuple:
         return tuple((r.get("setting") or {}).get(k, "–") for k in keys)
+
     def cells(r: dict) -> list[str]:
         return ["–" if profile_metric(r, k) is None else f.format(profile_metric(r, k)) for k, (_, f) in PROFILE.items()]
     rows = [[r["preset"], *map(str, setting(r)), *cells(r)]

@@ -89,9 +89,9 @@ GPU_PARTS = {
     "speculation": speculation,
     "serving": serving("llama-1b", "1,8,64"),
     "serving-8b": serving("llama-8b", "1,64"),
+    "profile-pair": profile_part(PHASE, [(ENGINE, {"attention_backend": "triton", "cuda_graph": False}),
+                                         (ENGINE, {"attention_backend": "triton", "cuda_graph": True})]),
 }
-GPU_PARTS["profile-pair"] = profile_part(PHASE, [(ENGINE, {"attention_backend": "triton", "cuda_graph": False}),
-                                                (ENGINE, {"attention_backend": "triton", "cuda_graph": True})])
 SMALL = ("--scale", "small")
 CPU_PARTS = {
     "latency": standard("latency", "tiny-llama", *SMALL, engines=(ENGINE,)),
