@@ -14,7 +14,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """x (T, dim) -> RMSNorm(x). With the residual stream (T, dim), x is the block output
+        still to be added: -> (RMSNorm(x + residual), x + residual), the sum in x's dtype.
+        On a GPU one Triton kernel does both (fused_elementwise.py); the stream is updated in place."""
+        if x.is_cuda:
+            from .fused_elementwise import add_rms_norm      # triton: imported where it runs
+            out = add_rms_norm(x, residual, self.weight, self.eps)
+            return out if residual is None else (out, residual)
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # One kernel: it reads x in its dtype, normalizes in fp32 inside and applies the weight
         # before rounding back. (Spelled out with fp32 casts around it, it was four kernels in bf16.)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
@@ -57,5 +70,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)                       # (T, 2 * intermediate)
+        if gate_up.is_cuda:
+            from .fused_elementwise import silu_and_mul      # one kernel for the two below
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -23,12 +23,17 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h: torch.Tensor, step: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, step: StepContext):
+        """x (T, hidden): the block output the stream has not added yet (layer 0: the embedding,
+        residual None); residual (T, hidden): the stream. Returns both for the next layer: the
+        hidden state is x + residual, added by the next norm (one kernel with it on a GPU)."""
         # Profiler stages: each norm and residual add counts with the block it feeds.
         with stage("attention"):
-            h = h + self.attn(self.attn_norm(h), step)
+            h, residual = self.attn_norm(x, residual) if residual is not None else (self.attn_norm(x), x)
+            x = self.attn(h, step)
         with stage("mlp"):
-            return h + self.mlp(self.mlp_norm(h))
+            h, residual = self.mlp_norm(x, residual)
+            return self.mlp(h), residual
 
 
 class Model(nn.Module):
@@ -47,11 +52,11 @@ class Model(nn.Module):
         """token_ids: (T,) new tokens of every sequence in the step, flat (see StepContext).
         Returns fp32 logits (B, vocab) for each sequence's last new token: nothing else is sampled."""
         with stage("embedding"):
-            h = self.embed(token_ids)                          # (T, hidden)
+            x, residual = self.embed(token_ids), None          # (T, hidden)
         for layer in self.layers:
-            h = layer(h, step)
-        with stage("lm_head"):                                 # the final norm and the head
-            return self.lm_head(self.norm(h[step.last_rows])).float()
+            x, residual = layer(x, residual, step)
+        with stage("lm_head"):                                 # the last add, the final norm and the head
+            return self.lm_head(self.norm(x, residual)[0][step.last_rows]).float()
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy checkpoint weights (our names, see common.weights) in, packing q/k/v and

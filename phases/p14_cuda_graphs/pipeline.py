@@ -61,10 +61,12 @@ class StageModel(nn.Module):
     def forward(self, x: torch.Tensor, step) -> torch.Tensor:
         """x: (T,) token ids on the first stage, else (T, hidden) from the stage before.
         Returns (T, hidden) for the next stage, or fp32 logits (B, vocab) on the last."""
-        h = self.embed(x) if self.first else x
+        x, residual = (self.embed(x) if self.first else x), None
         for layer in self.layers:
-            h = layer(h, step)
-        return self.lm_head(self.norm(h[step.last_rows])).float() if self.last else h
+            x, residual = layer(x, residual, step)
+        if self.last:
+            return self.lm_head(self.norm(x, residual)[0][step.last_rows]).float()
+        return x + residual                                   # the hidden state the next stage starts from
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         for name, param in self.state_dict().items():

@@ -3,16 +3,12 @@
 one fresh process, started once for the module): the float64 reference on awkward sizes with
 poisoned outputs, and the engine's tokens."""
 import importlib
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.interpreted import run_interpreted
+
 PHASE = "p07_triton_decode"
-ROOT = Path(__file__).resolve().parents[2]
 bench = importlib.import_module(f"phases.{PHASE}.bench")
 
 # Both interpreted checks in one process (each interpreter start imports torch and triton anew);
@@ -40,12 +36,7 @@ print(json.dumps(results))
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     """The checks of INTERPRETED, run once in a fresh Python with Triton's interpreter on."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT),
-                                                                            "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(INTERPRETED)
 
 
 def test_kernel_matches_the_reference_on_awkward_sizes(interpreted):

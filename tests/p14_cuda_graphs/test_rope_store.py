@@ -1,16 +1,12 @@
 """p14_cuda_graphs: the fused rotary + K/V-store kernel against the reference it replaces
 (layers.apply_rotary, then KVCache.store), in Triton's interpreter on CPU: one fresh process
 (TRITON_INTERPRET=1 must be set before triton is first imported)."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.interpreted import run_interpreted
+
 PHASE = "p14_cuda_graphs"
-ROOT = Path(__file__).resolve().parents[2]
 
 # Shapes: a Llama GQA group (H 4, KV 2), a Qwen2-like one (H 7, KV 1), head dims 16 and 128;
 # positions anywhere in the table, slots scattered over the pool, the pool poisoned with NaN
@@ -45,12 +41,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interpreted() -> list:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT),
-                                                                            "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(INTERPRETED)
 
 
 def test_kernel_rotates_q_and_k_and_writes_k_and_v_like_the_reference(interpreted):
