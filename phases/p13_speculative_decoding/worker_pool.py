@@ -132,7 +132,12 @@ def context():
     a fork of it. spawn would start a fresh interpreter and import torch again in every worker
     (seconds each), and forking this process would copy its threads and CUDA state; the fork
     server has neither. It keeps the environment of its start: a variable set later in this
-    process does not reach the workers (set it before the first pool)."""
+    process does not reach the workers (set it before the first pool).
+
+    A fork of a process that asked the CUDA driver anything, even torch.cuda.is_available() (which
+    libraries call at import), cannot use CUDA: with FlashAttention 4 on the path, an engine process
+    failed to start so. With the NVML-based check, is_available() asks NVML, not the driver."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")    # before the fork server starts
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([worker.__name__])   # no effect once the server runs
     return ctx
