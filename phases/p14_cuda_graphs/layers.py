@@ -14,23 +14,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """x (T, dim) -> RMSNorm(x). With the residual stream (T, dim), x is the block output
-        still to be added: -> (RMSNorm(x + residual), x + residual), the sum in x's dtype.
-        On a GPU one Triton kernel does both (fused_elementwise.py); the stream is updated in place."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the block output x (T, dim) to the residual stream (T, dim), normalize the sum:
+        -> (RMSNorm(x + residual), x + residual), the sum in x's dtype. No stream yet (the first
+        layer, x the embedding): x starts it, -> (RMSNorm(x), x).
+        On a GPU one Triton kernel does both (fused_elementwise.py), the stream updated in place."""
         if x.is_cuda:
             from .fused_elementwise import add_rms_norm      # triton: imported where it runs
-            out = add_rms_norm(x, residual, self.weight, self.eps)
-            return out if residual is None else (out, residual)
-        if residual is None:
-            return self._norm(x)
-        residual = x + residual
-        return self._norm(residual), residual
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        # One kernel: it reads x in its dtype, normalizes in fp32 inside and applies the weight
-        # before rounding back. (Spelled out with fp32 casts around it, it was four kernels in bf16.)
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return add_rms_norm(x, residual, self.weight, self.eps), x if residual is None else residual
+        stream = x if residual is None else x + residual
+        # One kernel: it reads the stream in its dtype, normalizes in fp32 inside and applies the
+        # weight before rounding back. (Spelled out with fp32 casts around it: four kernels in bf16.)
+        return F.rms_norm(stream, (stream.shape[-1],), self.weight, self.eps), stream
 
 
 class RotaryEmbedding(nn.Module):

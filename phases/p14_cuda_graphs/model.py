@@ -29,7 +29,7 @@ class DecoderLayer(nn.Module):
         hidden state is x + residual, added by the next norm (one kernel with it on a GPU)."""
         # Profiler stages: each norm and residual add counts with the block it feeds.
         with stage("attention"):
-            h, residual = self.attn_norm(x, residual) if residual is not None else (self.attn_norm(x), x)
+            h, residual = self.attn_norm(x, residual)
             x = self.attn(h, step)
         with stage("mlp"):
             h, residual = self.mlp_norm(x, residual)
