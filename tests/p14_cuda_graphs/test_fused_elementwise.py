@@ -1,7 +1,8 @@
 """p14_cuda_graphs: the fused add+RMSNorm and SiLU*mul kernels against the torch ops they replace,
 in Triton's interpreter on CPU: one fresh process (TRITON_INTERPRET=1 must be set before triton is
-first imported). fp32 must match; bf16 within one unit in the last place (the interpreter rounds
-its bf16 conversions its own way; on a GPU both round to nearest even)."""
+first imported). fp32 within 1e-6; bf16 within one unit in the last place for the stream, two for
+what is computed from it (the interpreter rounds its bf16 conversions its own way; on a GPU both
+round to nearest even: the GPU test below checks that)."""
 
 import pytest
 
@@ -70,8 +71,6 @@ def test_on_a_gpu_the_fused_kernels_round_like_the_ops_they_replace(T, dim, inte
     import torch.nn.functional as F
 
     from phases.p14_cuda_graphs.fused_elementwise import add_rms_norm, silu_and_mul
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
     g = torch.Generator(device="cuda").manual_seed(0)
     x, res, w = (torch.randn(*shape, generator=g, device="cuda").bfloat16() for shape in ((T, dim), (T, dim), (dim,)))
     stream = res.clone()
