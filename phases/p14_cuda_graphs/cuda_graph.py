@@ -9,7 +9,8 @@ Python scalar it was given are frozen at capture. So:
   - one graph per batch-size bucket (1, 2, 4, 8, then steps of 16): a step of n sequences
     replays the smallest bucket >= n, its lanes n..bucket-1 padded;
   - the step's inputs live in static device buffers, the same memory in every replay: the host
-    writes the step's rows into a pinned host copy and sends them in ONE host-to-device copy;
+    writes the step's rows into a pinned host copy, and ONE host-to-device copy, captured as the
+    graph's first node, sends them: a step's host work is writing rows and one replay call;
   - the block tables are as wide as the longest sequence could ever need (max_model_len), and a
     kernel's loop over keys is bounded by context_lens, a device tensor, never by a host int;
   - padded lanes compute garbage harmlessly: token 0 at position 0, its K/V written to a scratch
@@ -78,8 +79,8 @@ class GraphRunner:
         # 128k vocabulary. The copy costs one kernel.
         self.logits = torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
         self.capture_seconds, self.graph_bytes = 0.0, 0
-        for lane in range(rows):
-            self._pad(lane)
+        self.used = rows                     # lanes [used, rows) hold padding
+        self.fill([], 0)
         self.static.copy_(self.host)
         if capture:
             self._capture_all()
@@ -97,35 +98,42 @@ class GraphRunner:
         bucket = pick_bucket(self.buckets, n)
         with stage("prepare inputs"):
             self.fill(plan.seqs, bucket)
-            self.static[:bucket].copy_(self.host[:bucket], non_blocking=True)
         if bucket in self.graphs:
+            # The graph's first node copies host rows [0, bucket) to the device when the GPU
+            # reaches it, so the host must not write them again before then: it does not, the
+            # engine reads this step's tokens back (a sync) before it plans the next.
             self.graphs[bucket].replay()
             return self.logits[:n]
+        self.static[:bucket].copy_(self.host[:bucket])
         return self._forward(bucket)[:n]
 
     def fill(self, seqs, bucket: int) -> None:
-        """Write lanes [0, bucket) of the host buffer: the step's sequences, then padding. A column
-        at a time from host lists (one numpy call each, not one per lane and field)."""
-        n, bs, rows = len(seqs), self.block_size, self.host_rows
-        positions = [seq.num_computed_tokens - 1 for seq in seqs]     # the one new token, already counted
+        """Write lanes [0, bucket) of the host buffer: the step's sequences, then padding. Whole
+        columns at once (one numpy call each, not one per lane and field); a lane's block table
+        only where it changed; padding only in lanes a sequence used since they were padded."""
+        n, rows = len(seqs), self.host_rows
+        for lane, seq in enumerate(seqs):
+            if self.lane_tables[lane] != seq.block_table:
+                self._write_table(lane, seq.block_table)
+        bs = self.block_size
+        positions = [seq.num_computed_tokens - 1 for seq in seqs]     # the new token, already counted
         rows[:n, TOKEN] = [seq.last_token for seq in seqs]
         rows[:n, POSITION] = positions
         rows[:n, CONTEXT_LEN] = rows[:n, POSITION] + 1
         rows[:n, SLOT] = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
-        for lane, seq in enumerate(seqs):
-            self._write_table(lane, seq.block_table)
-        for lane in range(n, bucket):
+        for lane in range(n, self.used):
             self._pad(lane)
+        self.used = n
 
     def _write_table(self, lane: int, table: list[int]) -> None:
-        """Row `lane`'s block table, where it changed (a sequence keeps its lane while the batch
-        does not change, and its table changes once per block_size tokens). Columns the previous
-        occupant wrote past its end become 0 again: a stale column would point a longer context
-        at another sequence's block."""
-        if self.lane_tables[lane] == table:
-            return
-        used, n = len(self.lane_tables[lane]), len(table)
-        self.host_rows[lane, TABLE:TABLE + n] = table
+        """Row `lane`'s block table. A decoding sequence keeps its lane while the batch does not
+        change, and its table grows by one block per block_size tokens: then only the new blocks
+        are written. Columns a previous occupant wrote past the new table's end become 0 again: a
+        stale column would point a longer context at another sequence's block."""
+        old = self.lane_tables[lane]
+        used, n = len(old), len(table)
+        start = used if table[:used] == old else 0          # the old table is a prefix: append
+        self.host_rows[lane, TABLE + start:TABLE + n] = table[start:]
         if used > n:
             self.host_rows[lane, TABLE + n:TABLE + used] = 0
         self.lane_tables[lane] = list(table)
@@ -135,7 +143,8 @@ class GraphRunner:
         row = self.host_rows[lane]
         row[TOKEN], row[POSITION], row[CONTEXT_LEN] = 0, 0, 1
         row[SLOT] = self.scratch_block * self.block_size
-        self._write_table(lane, [self.scratch_block])
+        if self.lane_tables[lane] != [self.scratch_block]:
+            self._write_table(lane, [self.scratch_block])
 
     # --- the captured step -----------------------------------------------------------------
     def _forward(self, bucket: int) -> torch.Tensor:
@@ -169,6 +178,8 @@ class GraphRunner:
             for bucket in reversed(self.buckets):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
+                    # a memcpy node from the pinned host rows: a step issues one call, the replay
+                    self.static[:bucket].copy_(self.host[:bucket], non_blocking=True)
                     self.logits[:bucket].copy_(self._forward(bucket))
                 pool = pool or graph.pool()
                 self.graphs[bucket] = graph

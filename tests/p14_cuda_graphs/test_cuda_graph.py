@@ -110,9 +110,15 @@ def test_a_lane_keeps_no_stale_block_table_columns(smollm2):
     row = runner.host_rows[0]
     assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 5]) == [9, 0, 0, 0, 0]
     assert (row[cuda_graph.POSITION], row[cuda_graph.CONTEXT_LEN], row[cuda_graph.SLOT]) == (2, 3, 9 * 16 + 2)
+    runner.fill([Seq([9, 4], 17)], bucket=1)       # the table grew: the new block is appended
+    assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 3]) == [9, 4, 0] and row[cuda_graph.SLOT] == 4 * 16
+    runner.fill([Seq([3, 2], 18)], bucket=1)       # another sequence, as long: every column rewritten
+    assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 3]) == [3, 2, 0] and row[cuda_graph.SLOT] == 2 * 16 + 1
+    runner.fill([Seq([1], 1), Seq([8], 1)], bucket=2)
     runner.fill([], bucket=2)                       # padding: the scratch block, position 0, length 1
-    assert list(runner.host_rows[1, :cuda_graph.TABLE + 2]) == [0, 0, runner.scratch_block * 16, 1,
-                                                                 runner.scratch_block, 0]
+    for lane in (0, 1):
+        assert list(runner.host_rows[lane, :cuda_graph.TABLE + 2]) == [0, 0, runner.scratch_block * 16, 1,
+                                                                        runner.scratch_block, 0]
 
 
 # --- GPU: the captured graphs themselves ------------------------------------------------------
@@ -145,6 +151,8 @@ def test_replayed_logits_equal_eager_logits_bit_for_bit(backend):
         plan = llm.scheduler.schedule()
         assert not plan.is_prefill and len(plan.seqs) == n
         replayed = graphs.run(plan).clone()
+        # the graph's own copy node brought this step's rows from the pinned host buffer
+        assert torch.equal(graphs.static[:bucket].cpu(), graphs.host[:bucket]), bucket
         eager = graphs._forward(bucket)[:n]
         assert torch.equal(replayed, eager), bucket
         llm._abort(list(llm.requests.values()))
