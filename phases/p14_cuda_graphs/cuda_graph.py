@@ -52,6 +52,21 @@ def dense(column: torch.Tensor) -> torch.Tensor:
     return torch.empty(column.shape, dtype=column.dtype, device=column.device).copy_(column)
 
 
+def lanes_of(seqs) -> tuple[list, list[int], list[int]]:
+    """Per lane: the sequence it computes for, its token, its position. A sequence's tokens to
+    compute are its newest (pending) one and its drafts; num_computed_tokens counts them all."""
+    if not any(seq.draft_ids for seq in seqs):          # plain decode: one lane each
+        return seqs, [seq.last_token for seq in seqs], [seq.num_computed_tokens - 1 for seq in seqs]
+    owners, tokens, positions = [], [], []
+    for seq in seqs:
+        new = [seq.last_token, *seq.draft_ids]
+        first = seq.num_computed_tokens - len(new)
+        owners += [seq] * len(new)
+        tokens += new
+        positions += range(first, first + len(new))
+    return owners, tokens, positions
+
+
 class GraphRunner:
     """Decode steps of up to max(buckets) sequences through captured graphs.
 
@@ -80,24 +95,27 @@ class GraphRunner:
         self.logits = torch.empty(rows, model.cfg.vocab_size, dtype=torch.float32, device=device)
         self.capture_seconds, self.graph_bytes = 0.0, 0
         self.used = rows                     # lanes [used, rows) hold padding
-        self.fill([], 0)
+        self.fill([])
         self.static.copy_(self.host)
         if capture:
             self._capture_all()
 
     # --- per step --------------------------------------------------------------------------
-    def can_run(self, plan) -> bool:
-        return not plan.is_prefill and len(plan.seqs) <= self.buckets[-1] and \
-            all(len(seq.block_table) <= self.width for seq in plan.seqs)
+    def can_run(self, plan, scored: list[int] | None = None) -> bool:
+        """Decodes and verifies only, every row scored, within the largest bucket: each sequence
+        computes its newest token and its drafts (1 + k rows: a verify), nothing else."""
+        rows = plan.num_new_tokens
+        return all(n == 1 + len(seq.draft_ids) for seq, n in zip(plan.seqs, rows)) \
+            and (scored or [1] * len(rows)) == rows and sum(rows) <= self.buckets[-1] \
+            and all(len(seq.block_table) <= self.width for seq in plan.seqs)
 
     @torch.inference_mode()
     def run(self, plan) -> torch.Tensor:
-        """A decode plan -> fp32 logits (n, vocab), a view of the bucket's static output: valid
-        until the next step (the engine samples from it before then)."""
-        n = len(plan.seqs)
-        bucket = pick_bucket(self.buckets, n)
+        """A plan can_run() takes -> fp32 logits (rows, vocab), one row per lane in plan order: a
+        view of the static output, valid until the next step (the engine samples from it first)."""
         with stage("prepare inputs"):
-            self.fill(plan.seqs, bucket)
+            n = self.fill(plan.seqs)
+        bucket = pick_bucket(self.buckets, n)
         if bucket in self.graphs:
             # The graph's first node copies host rows [0, bucket) to the device when the GPU
             # reaches it, so the host must not write them again before then: it does not, the
@@ -107,23 +125,27 @@ class GraphRunner:
         self.static[:bucket].copy_(self.host[:bucket])
         return self._forward(bucket)[:n]
 
-    def fill(self, seqs, bucket: int) -> None:
-        """Write lanes [0, bucket) of the host buffer: the step's sequences, then padding. Whole
-        columns at once (one numpy call each, not one per lane and field); a lane's block table
-        only where it changed; padding only in lanes a sequence used since they were padded."""
-        n, rows = len(seqs), self.host_rows
-        for lane, seq in enumerate(seqs):
+    def fill(self, seqs) -> int:
+        """Write the host buffer's lanes, one per token to compute, and return how many: a
+        decode's newest token, or a verify's newest and each draft. A verify's k + 1 rows are k + 1
+        decode lanes of one sequence, consecutive, lane j at position first + j with context
+        first + j + 1: it sees the keys up to its own, written this very step before attention
+        reads them (causal, as the verify's chunk is). Whole columns at once (one numpy call each,
+        not one per lane and field); a lane's block table only where it changed; padding only in
+        lanes a sequence used since they were padded."""
+        owners, tokens, positions = lanes_of(seqs)
+        n, rows, bs = len(owners), self.host_rows, self.block_size
+        for lane, seq in enumerate(owners):
             if self.lane_tables[lane] != seq.block_table:
                 self._write_table(lane, seq.block_table)
-        bs = self.block_size
-        positions = [seq.num_computed_tokens - 1 for seq in seqs]     # the new token, already counted
-        rows[:n, TOKEN] = [seq.last_token for seq in seqs]
+        rows[:n, TOKEN] = tokens
         rows[:n, POSITION] = positions
         rows[:n, CONTEXT_LEN] = rows[:n, POSITION] + 1
-        rows[:n, SLOT] = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
+        rows[:n, SLOT] = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(owners, positions)]
         for lane in range(n, self.used):
             self._pad(lane)
         self.used = n
+        return n
 
     def _write_table(self, lane: int, table: list[int]) -> None:
         """Row `lane`'s block table. A decoding sequence keeps its lane while the batch does not

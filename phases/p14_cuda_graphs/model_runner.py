@@ -34,9 +34,9 @@ class ModelRunner:
     lengths and tables), neither waiting for the device. Nothing in a step reads a device value
     back: the only sync of a step is the sampler's fetch of the new token ids.
 
-    A decode step that fits a captured bucket replays its CUDA graph instead (`graphs`, a
-    cuda_graph.GraphRunner, or None); prefill and mixed steps, verify steps (their k + 1 rows),
-    and decode batches larger than the largest bucket run eagerly as below."""
+    A decode or verify step that fits a captured bucket replays its CUDA graph instead (`graphs`,
+    a cuda_graph.GraphRunner, or None): a verify's k + 1 rows as k + 1 decode lanes. Prefill and
+    mixed steps, and batches larger than the largest bucket, run eagerly as below."""
 
     def __init__(self, model: Model, cache: KVCache, device: str, backend):
         self.model, self.cache, self.device, self.backend = model, cache, device, backend
@@ -48,8 +48,8 @@ class ModelRunner:
     def run(self, plan: StepPlan, scored: list[int] | None = None) -> torch.Tensor:
         """One forward step over a plan's sequences -> fp32 logits (sum(scored), vocab), in the
         plan's order: each sequence's last scored[b] rows (default 1; a verify's k + 1)."""
-        if self.graphs is not None and not plan.is_prefill and self.graphs.can_run(plan):
-            return self.graphs.run(plan)               # (a decode step scores one row each)
+        if self.graphs is not None and self.graphs.can_run(plan, scored):
+            return self.graphs.run(plan)               # decodes and verifies: one lane per row
         with stage("prepare inputs"):
             token_ids, step = self.prepare(plan, scored)
         return self.model(token_ids, step)

@@ -5,11 +5,13 @@ On CPU there are no graphs: GraphRunner(capture=False) runs the very forward a g
 are checked here against the eager engine's tokens. On a GPU every bucket's replayed logits must
 equal its eager logits bit for bit (same kernels, same inputs), for both GPU backends."""
 import importlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from common.sampling import SamplingParams
+from tests.suites.speculative_decoding import MissAt
 
 PHASE = "p14_cuda_graphs"
 phase = importlib.import_module(f"phases.{PHASE}")
@@ -103,22 +105,63 @@ def test_a_lane_keeps_no_stale_block_table_columns(smollm2):
 
     class Seq:
         def __init__(self, table, computed):
-            self.block_table, self.num_computed_tokens, self.last_token = table, computed, 7
-    runner.fill([Seq([5, 6, 7, 8], 60)], bucket=1)
+            self.block_table, self.num_computed_tokens, self.last_token, self.draft_ids = table, computed, 7, []
+    runner.fill([Seq([5, 6, 7, 8], 60)])
     assert list(runner.host_rows[0, cuda_graph.TABLE:cuda_graph.TABLE + 5]) == [5, 6, 7, 8, 0]
-    runner.fill([Seq([9], 3)], bucket=1)
+    runner.fill([Seq([9], 3)])
     row = runner.host_rows[0]
     assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 5]) == [9, 0, 0, 0, 0]
     assert (row[cuda_graph.POSITION], row[cuda_graph.CONTEXT_LEN], row[cuda_graph.SLOT]) == (2, 3, 9 * 16 + 2)
-    runner.fill([Seq([9, 4], 17)], bucket=1)       # the table grew: the new block is appended
+    runner.fill([Seq([9, 4], 17)])       # the table grew: the new block is appended
     assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 3]) == [9, 4, 0] and row[cuda_graph.SLOT] == 4 * 16
-    runner.fill([Seq([3, 2], 18)], bucket=1)       # another sequence, as long: every column rewritten
+    runner.fill([Seq([3, 2], 18)])       # another sequence, as long: every column rewritten
     assert list(row[cuda_graph.TABLE:cuda_graph.TABLE + 3]) == [3, 2, 0] and row[cuda_graph.SLOT] == 2 * 16 + 1
-    runner.fill([Seq([1], 1), Seq([8], 1)], bucket=2)
-    runner.fill([], bucket=2)                       # padding: the scratch block, position 0, length 1
+    runner.fill([Seq([1], 1), Seq([8], 1)])
+    runner.fill([])                       # padding: the scratch block, position 0, length 1
     for lane in (0, 1):
         assert list(runner.host_rows[lane, :cuda_graph.TABLE + 2]) == [0, 0, runner.scratch_block * 16, 1,
                                                                         runner.scratch_block, 0]
+
+
+def test_a_verify_takes_one_decode_lane_per_row(smollm2):
+    """A sequence verifying two drafts: three consecutive lanes, its newest token then the drafts,
+    each at its own position, seeing keys up to its own (context = position + 1), through the
+    sequence's table. can_run takes decodes and verifies whose every row is scored, nothing else."""
+    runner = static_runner(smollm2)
+    seq = SimpleNamespace(block_table=[3, 4], num_computed_tokens=20, last_token=7, draft_ids=[11, 12])
+    plain = SimpleNamespace(block_table=[5], num_computed_tokens=9, last_token=8, draft_ids=[])
+    assert runner.fill([plain, seq]) == 4
+    rows = runner.host_rows[:4]
+    assert [list(r[:cuda_graph.TABLE + 3]) for r in rows] == [
+        [8, 8, 5 * 16 + 8, 9, 5, 0, 0],
+        [7, 17, 4 * 16 + 1, 18, 3, 4, 0], [11, 18, 4 * 16 + 2, 19, 3, 4, 0], [12, 19, 4 * 16 + 3, 20, 3, 4, 0]]
+    plan = SimpleNamespace(seqs=[plain, seq], num_new_tokens=[1, 3])
+    assert runner.can_run(plan, [1, 3])
+    assert not runner.can_run(plan, [1, 1]) and not runner.can_run(plan)   # rows the engine would not get
+    chunk = SimpleNamespace(block_table=[6], num_computed_tokens=5, last_token=1, draft_ids=[])
+    assert not runner.can_run(SimpleNamespace(seqs=[chunk], num_new_tokens=[5]))    # a prompt chunk
+    many = SimpleNamespace(seqs=[seq] * 3, num_new_tokens=[3] * 3)
+    assert not runner.can_run(many, [3] * 3)                                   # 9 rows > bucket 8
+
+
+def test_verify_steps_through_the_static_buffers_give_the_eager_tokens():
+    """Prompt lookup drafts on repetitive prompts: the verify steps run as decode lanes through
+    the static buffers and keep exactly the drafts the eager verify keeps (fp32: same tokens)."""
+    llm = phase.LLM("smollm2-135m", device="cpu", max_model_len=192, max_num_seqs=8, max_num_batched_tokens=256,
+                    speculative="ngram", num_speculative_tokens=3)
+    prompts = ["1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,", "a b c a b c a b c a b", "Hello"]
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    eager = [o.token_ids for o in llm.generate(prompts, params)]
+    eager_accepted = llm.speculator.num_accepted_tokens
+    runner = llm.runner.graphs = static_runner(llm)
+    verified = []
+    run = runner.run
+    runner.run = lambda plan: verified.append(any(s.draft_ids for s in plan.seqs)) or run(plan)
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == eager
+    finally:
+        llm.runner.graphs = None
+    assert any(verified) and llm.speculator.num_accepted_tokens == 2 * eager_accepted > 0
 
 
 # --- GPU: the captured graphs themselves ------------------------------------------------------
@@ -156,6 +199,34 @@ def test_replayed_logits_equal_eager_logits_bit_for_bit(backend):
         eager = graphs._forward(bucket)[:n]
         assert torch.equal(replayed, eager), bucket
         llm._abort(list(llm.requests.values()))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_a_replayed_verify_equals_its_eager_lanes_and_keeps_the_greedy_tokens(backend):
+    """Drafts of the plain graphed engine's own greedy continuation, the third one wrong (k = 4):
+    a replayed verify's logits equal the same lanes run eagerly, bit for bit; whole generations
+    keep the plain engine's tokens, with drafts accepted and rejected on the way."""
+    if backend == "flash-attn" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn-4 is not installed")
+    prompts = [[3 + i] * (10 + 37 * i) for i in range(3)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = gpu_engine(backend)
+    truth = {tuple(p): o.token_ids for p, o in zip(prompts, plain.generate(prompts, params))}
+    del plain
+    llm = gpu_engine(backend, speculative="ngram", num_speculative_tokens=4)
+    llm.speculator.proposer = MissAt(truth, 2, llm.model_config.vocab_size)
+    for p in prompts:
+        llm.add_request(p, params)
+    while llm.scheduler.waiting or any(s.num_pending_tokens > 1 for s in llm.scheduler.running):
+        llm.step()
+    plan = llm.scheduler.schedule()
+    scored, graphs = llm.speculator.draft(plan), llm.runner.graphs
+    assert scored == [5, 5, 5] and graphs.can_run(plan, scored)
+    replayed = graphs.run(plan).clone()
+    assert torch.equal(replayed, graphs._forward(pick_bucket(graphs.buckets, 15))[:15])
+    llm._abort(list(llm.requests.values()))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == list(truth.values())
+    assert 0 < llm.speculator.num_accepted_tokens < llm.speculator.num_draft_tokens
 
 
 @pytest.mark.parametrize("backend", backends())
