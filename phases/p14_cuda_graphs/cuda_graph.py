@@ -6,8 +6,10 @@ records the whole step's launches once; replaying it is one launch, and the GPU 
 back to back. What a graph cannot do is change: every kernel, its grid and every pointer and
 Python scalar it was given are frozen at capture. So:
 
-  - one graph per batch-size bucket (1, 2, 4, 8, then steps of 16): a step of n sequences
-    replays the smallest bucket >= n, its lanes n..bucket-1 padded;
+  - one graph per batch-size bucket (1, 2, 4, 8, then steps of 16): a step of n lanes (one per
+    decoding sequence) replays the smallest bucket >= n, its lanes n..bucket-1 padded;
+  - a speculative verify (p13: a sequence's newest token and k drafts) is k + 1 decode lanes,
+    lane j at position s + j with context s + j + 1: causal, with no graph of its own;
   - the step's inputs live in static device buffers, the same memory in every replay: the host
     writes the step's rows into a pinned host copy, and ONE host-to-device copy, captured as the
     graph's first node, sends them: a step's host work is writing rows and one replay call;
@@ -42,7 +44,7 @@ def buckets_up_to(max_batch: int) -> list[int]:
 
 
 def pick_bucket(buckets: list[int], n: int) -> int | None:
-    """The smallest bucket that holds n sequences, or None: the step runs eagerly."""
+    """The smallest bucket that holds n lanes, or None: the step runs eagerly."""
     return next((b for b in buckets if b >= n), None)
 
 
@@ -68,7 +70,7 @@ def lanes_of(seqs) -> tuple[list, list[int], list[int]]:
 
 
 class GraphRunner:
-    """Decode steps of up to max(buckets) sequences through captured graphs.
+    """Decode and verify steps of up to max(buckets) lanes (rows) through captured graphs.
 
     model, cache, backend: the engine's; width: block-table columns (blocks of the longest
     sequence); scratch_block: a pool block no sequence owns. capture=False builds the same static
