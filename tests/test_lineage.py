@@ -27,7 +27,9 @@ DIFF_CAP_EXCEPTIONS: dict[str, int] = {
                                    # a refused request named by its index)
     "p09_http_serving": 1150,   # a server is its own layer: the engine loop's process and its queues, OpenAI's
                                 # protocol and errors, SSE streaming with disconnects, Prometheus metrics
-    "p14_cuda_graphs": 660,   # once a graph removes the launches, a step costs its kernels: the graphs beat the peer's
+    "p13_speculative_decoding": 560,   # speculation keeps state per request (drafts in flight, a draft model's own
+                                       # pool): recovery after a failure and the accounting check cover it too
+    "p14_cuda_graphs": 700,   # once a graph removes the launches, a step costs its kernels: the graphs beat the peer's
                               # only with the small neighbours fused (rotary + K/V store, residual add + norm, SiLU * mul);
                               # and p13's verify replays too (its rows as decode lanes), or graphs erase its gain
 }

@@ -65,6 +65,19 @@ class BlockManager:
         self.free_ids.extend(blocks)
         return blocks
 
+    def check(self, holders: list[Sequence]) -> None:
+        """Raise AssertionError unless every block is free or held by exactly one of `holders` (the
+        sequences that hold blocks), once. Tests call it after every call."""
+        assert self.owners == {seq.seq_id for seq in holders}, "the owners are not the holding sequences"
+        blocks = sorted([*self.free_ids, *(block for seq in holders for block in seq.block_table)])
+        assert blocks == list(range(self.num_blocks)), "a block is lost, or free or held twice"
+
+    def rebuild(self) -> None:
+        """Every block free again, the accounting built anew: after a failure (an error, a Ctrl-C)
+        cut a grow or a free in half, once every request was aborted (nobody holds a block)."""
+        self.free_ids = deque(range(self.num_blocks))
+        self.owners = set()
+
     def _needs_block(self, seq: Sequence) -> bool:
         # Position num_tokens - 1 is the newest token; its K/V is written by this step. It needs a
         # new block exactly when it is the first token of one (the off-by-one trap lives here).

@@ -65,6 +65,19 @@ class BlockManager:
         self.free_ids.extend(blocks)
         return blocks
 
+    def check(self, holders: list[Sequence]) -> None:
+        """Raise AssertionError unless every block is free or held by exactly one of `holders` (the
+        sequences that hold blocks), once. Tests call it after every call."""
+        assert self.owners == {seq.seq_id for seq in holders}, "the owners are not the holding sequences"
+        blocks = sorted([*self.free_ids, *(block for seq in holders for block in seq.block_table)])
+        assert blocks == list(range(self.num_blocks)), "a block is lost, or free or held twice"
+
+    def rebuild(self) -> None:
+        """Every block free again, the accounting built anew: after a failure (an error, a Ctrl-C)
+        cut a grow or a free in half, once every request was aborted (nobody holds a block)."""
+        self.free_ids = deque(range(self.num_blocks))
+        self.owners = set()
+
     def _blocks_short(self, seq: Sequence, num_tokens: int) -> int:
         # Position num_tokens - 1 is the last one the step writes: a new block is needed exactly
         # when it lies past the table's last block (the off-by-one trap lives here).

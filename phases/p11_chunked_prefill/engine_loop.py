@@ -100,6 +100,7 @@ class EngineLoop:
             for request_id, _ in self.live.values():
                 self.llm.abort_request(request_id)
             self.live.clear()
+            self.llm.recover()                          # the step may have stopped mid-bookkeeping
             self.outbox.send(("failed", keys, f"{type(e).__name__}: {e}"))
             return
         self.outbox.send(("step", self._deltas(finished), self.gauges()))

@@ -112,6 +112,32 @@ class BlockManager:
         self.free_ids.extend(freed)
         return len(freed)
 
+    def check(self, holders: list[Sequence]) -> None:
+        """Raise AssertionError unless every block is exactly one of: free, a tree node, or the own
+        block of one of `holders` (the sequences that hold blocks); each holder's table starts with
+        its path of nodes; and each node's ref counts the holders that read it (radix_cache.py
+        checks its counts and leaves). Tests call it after every call."""
+        assert set(self.owners) == {seq.seq_id for seq in holders}, "the owners are not the holding sequences"
+        readers, own = {}, []
+        for seq in holders:
+            nodes = self.owners[seq.seq_id]
+            assert [node.block for node in nodes] == seq.block_table[:len(nodes)], f"{seq.seq_id}: table != nodes"
+            assert all(node.parent is up for node, up in zip(nodes, [self.tree.root, *nodes])), "not a path"
+            for node in nodes:
+                readers[node] = readers.get(node, 0) + 1
+            own += seq.block_table[len(nodes):]
+        blocks = sorted([*self.free_ids, *self.tree.check(readers), *own])
+        assert blocks == list(range(self.num_blocks)), "a block is lost, or in two places"
+
+    def rebuild(self) -> None:
+        """The accounting built anew after a failure (an error, a Ctrl-C) cut an update of it in
+        half, once every request was aborted (nobody reads a block): from the tree's links alone,
+        which no statement leaves half changed (a node joins its parent in one assignment, only
+        once its block is written, and leaves in one del). Cached blocks stay cached."""
+        self.owners = {}
+        cached = set(self.tree.rebuild())
+        self.free_ids = deque(block for block in range(self.num_blocks) if block not in cached)
+
     def _take(self, num_blocks: int) -> list[int]:
         """num_blocks block ids off the free list, evicting cached blocks when it runs short."""
         if num_blocks > len(self.free_ids):

@@ -227,6 +227,18 @@ class Scheduler:
             seq.status = Status.WAITING
             bisect.insort(self.waiting, seq, key=lambda s: s.rank)
 
+    def check(self) -> None:
+        """Raise AssertionError unless each request is in one queue, with that queue's status,
+        and only the running ones hold blocks, whole (block_manager.py). Tests call it after
+        every call."""
+        for queue, status in ((self.waiting, Status.WAITING), (self.running, Status.RUNNING),
+                              (self.swapped, Status.SWAPPED)):
+            assert all(seq.status == status for seq in queue), f"the {status.value} queue holds another status"
+        seqs = self.waiting + self.running + self.swapped
+        assert len({seq.seq_id for seq in seqs}) == len(seqs), "a request is in two queues"
+        assert set(self.swapped_blocks) == {seq.seq_id for seq in self.swapped}, "swap records disagree"
+        self.block_manager.check(self.running)
+
     def abort(self, seq: Sequence) -> None:
         """Drop a request wherever it is and give its blocks back: how a failed step is undone.
         Safe on a request that already finished (its blocks went back then)."""

@@ -91,8 +91,16 @@ class DraftModelProposer(Proposer):
 
     def release(self, seq: Sequence) -> None:
         st = self.states.pop(seq.seq_id, None)
-        if st is not None:
+        if st is not None and self.blocks.holds(st):    # (a failure may have come between the two)
             self.blocks.free(st)
+
+    def rebuild(self) -> None:
+        self.states.clear()
+        self.blocks.rebuild()
+
+    def check(self, live: set[int]) -> None:
+        assert set(self.states) <= live, "a draft state outlives its request"
+        self.blocks.check(list(self.states.values()))
 
 
 def self_draft(target: Model, num_layers: int) -> Model:

@@ -2,7 +2,8 @@
 
 propose(seqs, k) -> one Draft per sequence: up to k token ids that would follow its newest token,
 and the distributions q they were drawn from (None: drafted deterministically, q one-hot). Fewer
-than k, or none (that sequence decodes as usual), is fine. release(seq) forgets a sequence.
+than k, or none (that sequence decodes as usual), is fine. release(seq) forgets a sequence;
+rebuild() forgets all of them after a failure, check() asserts what it keeps is whole.
 
   ngram     prompt lookup: the longest suffix of the context (prompt_lookup_max tokens down to
             prompt_lookup_min) found earlier in it; the k tokens after its latest occurrence. No
@@ -33,6 +34,12 @@ class Proposer:
 
     def release(self, seq: Sequence) -> None:
         pass
+
+    def rebuild(self) -> None:
+        """Forget every sequence, after a failure that may have cut an update in half."""
+
+    def check(self, live: set[int]) -> None:
+        """Raise AssertionError where what it keeps is not whole (live: unfinished request ids)."""
 
 
 class NgramProposer(Proposer):

@@ -111,11 +111,39 @@ class RadixCache:
         self.num_evictable -= 1
         return node.block
 
-    def blocks(self) -> list[int]:
-        """Every block in the tree (for checks: each is in exactly one node)."""
+    def nodes(self) -> list[Node]:
+        """Every node of the tree (root excluded)."""
         out, stack = [], list(self.root.children.values())
         while stack:
             node = stack.pop()
-            out.append(node.block)
+            out.append(node)
             stack += node.children.values()
         return out
+
+    def blocks(self) -> list[int]:
+        """Every block in the tree (for checks: each is in exactly one node)."""
+        return [node.block for node in self.nodes()]
+
+    def check(self, readers: dict[Node, int]) -> list[int]:
+        """Raise AssertionError unless each node's ref is its readers' count (node -> sequences
+        reading it), no parent has fewer than a child, and the counts and the leaf set are true;
+        return the tree's blocks."""
+        nodes = self.nodes()
+        assert set(readers) <= set(nodes), "a sequence reads a node that left the tree"
+        for node in nodes:
+            assert node.ref == readers.get(node, 0), f"node {node.id}: ref {node.ref}, read by {readers.get(node, 0)}"
+            assert node.parent is self.root or node.parent.ref >= node.ref, "a parent has fewer refs than a child"
+        assert self.num_nodes == len(nodes), f"num_nodes {self.num_nodes}, tree has {len(nodes)}"
+        assert self.num_evictable == sum(node.ref == 0 for node in nodes), "num_evictable is wrong"
+        assert self.leaves == {node for node in nodes if node.ref == 0 and not node.children}, "leaf set is wrong"
+        return [node.block for node in nodes]
+
+    def rebuild(self) -> list[int]:
+        """Nobody reads any node: every ref 0, the counts and the leaf set recounted from the
+        links (see BlockManager.rebuild); the tree's blocks."""
+        nodes = self.nodes()
+        for node in nodes:
+            node.ref = 0
+        self.num_nodes = self.num_evictable = len(nodes)
+        self.leaves = {node for node in nodes if not node.children}
+        return [node.block for node in nodes]

@@ -103,6 +103,21 @@ class Speculator:
         self.draft_probs.pop(seq.seq_id, None)
         self.proposer.release(seq)
 
+    def rebuild(self) -> None:
+        """After a failure, every request aborted (engine.recover): no drafts in flight; a
+        proposer of ours rebuilds what it keeps per sequence (a draft model's pool)."""
+        self.draft_probs.clear()
+        self.decoding.clear()
+        if isinstance(self.proposer, Proposer):        # (a benchmark's own keeps nothing to rebuild)
+            self.proposer.rebuild()
+
+    def check(self, live: set[int]) -> None:
+        """Raise AssertionError where the proposer's accounting is not whole, or it keeps state
+        for a request that is gone (live: the engine's unfinished request ids)."""
+        assert set(self.draft_probs) <= live, "drafts kept for a request that is gone"
+        if isinstance(self.proposer, Proposer):
+            self.proposer.check(live)
+
     def counters(self) -> dict:
         return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": self.num_draft_tokens,
                 "spec_decode_num_accepted_tokens": self.num_accepted_tokens,

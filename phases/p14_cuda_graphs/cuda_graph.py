@@ -170,6 +170,13 @@ class GraphRunner:
         if self.lane_tables[lane] != [self.scratch_block]:
             self._write_table(lane, [self.scratch_block])
 
+    def forget(self) -> None:
+        """Write every lane anew at the next step (after a failure cut a fill() short: the
+        record of what the host rows hold may be wrong): as after construction, in effect."""
+        self.host_rows[:] = 0
+        self.lane_tables = [[] for _ in self.lane_tables]
+        self.used = len(self.lane_tables)
+
     # --- the captured step -----------------------------------------------------------------
     def _forward(self, bucket: int) -> torch.Tensor:
         """The decode step over lanes [0, bucket) of the static buffer: what a graph records.

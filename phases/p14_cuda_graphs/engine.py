@@ -64,6 +64,7 @@ class LLM:
                                                   # their output_ids as they grow)
         self._seq_ids = itertools.count()
         self._last_call: list[Sequence] = []     # generate()'s requests, kept until its next call
+        self._failed = False                     # a call failed and recover() has not finished
         torch.manual_seed(self.config.seed)
 
     def _build_model(self) -> Model:
@@ -171,7 +172,8 @@ class LLM:
                  priorities: list[int] | None = None) -> list[Output]:
         """prompts: a str, a list of token ids, or a list of either. Outputs keep their order.
         priorities: one per prompt (lower runs first), default all 0."""
-        self._abort(self._last_call)    # what a clean-up cut short (a second Ctrl-C) left behind
+        if self._failed:                # the last call failed, and its clean-up was cut short too
+            self.recover()
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine; step() the requests added with "
                                "add_request() to completion first")
@@ -181,16 +183,41 @@ class LLM:
         seqs = [Sequence(next(self._seq_ids), ids, p, now, pri) for (ids, p), pri in zip(requests, priorities)]
         for i, seq in enumerate(seqs):          # every request is checked before any work starts
             self.scheduler.check_fits(seq, f"request {i}")
-        self._last_call = seqs
+        self._last_call, self._failed = seqs, True     # (until the loop below has ended)
         try:
             ids, outputs = [self._add(seq) for seq in seqs], {}
             with tqdm(total=len(seqs), disable=not use_tqdm, desc="requests") as bar:
                 while self.has_unfinished():
                     outputs.update(finished := self.step())
                     bar.update(len(finished))
-        finally:                # done, failed or Ctrl-C: no request of the call may stay, holding
-            self._abort(seqs)   # blocks and keeping the engine busy for every later call
+        except BaseException:   # failed or Ctrl-C, perhaps halfway through the bookkeeping: no
+            self.recover()      # request of the call may stay, and the accounting must be whole
+            raise
+        self._failed = False
         return [outputs[i] for i in ids]
+
+    def recover(self) -> None:
+        """Make the engine whole after a failure: an error or a Ctrl-C anywhere in a step, the
+        block bookkeeping included (several statements, any of which a Ctrl-C can fall between).
+        Drop generate()'s requests, then rebuild the block accounting from scratch (nobody holds
+        a block then) rather than trust what a cut-short update left. generate() calls it when a
+        call fails, and again at the next call if a second Ctrl-C cut this short; a step() user
+        aborts their own requests first, then calls it."""
+        self._failed = True
+        self.speculator.rebuild()              # drafts in flight, a draft model's own pool
+        if self.runner.graphs is not None:     # the lanes' host rows, written part way
+            self.runner.graphs.forget()
+        self._abort(self._last_call)
+        if self.has_unfinished():
+            raise RuntimeError("recover() needs an idle engine: abort the requests added with add_request() first")
+        self.scheduler.block_manager.rebuild()
+        self._failed = False
+
+    def check(self) -> None:
+        """Raise AssertionError where the block accounting is not whole (scheduler.py). Tests
+        call it after every call."""
+        self.scheduler.check()
+        self.speculator.check(set(self.requests))
 
     def _prepare(self, prompts, sampling_params):
         return prepare_requests(prompts, sampling_params, self._encode,
