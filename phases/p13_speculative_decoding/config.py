@@ -23,6 +23,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # share of the GPU memory free after loading for the KV pool
     cpu_kv_cache_bytes: int = 512 << 20  # KV pool size on CPU (no free-memory query there)
     kv_cache_bytes: int | None = None  # KV pool size on any device, overriding both of the above
+                                     # (with a draft model: its pool and the target's together)
                                      # (a benchmark sizes it for its workload to share the GPU)
     max_num_seqs: int = 256          # sequences running at once
     max_num_batched_tokens: int = 2048  # tokens in one forward step: decodes first, then prefill

@@ -105,9 +105,12 @@ class GraphRunner:
     # --- per step --------------------------------------------------------------------------
     def can_run(self, plan, scored: list[int] | None = None) -> bool:
         """Decodes and verifies only, every row scored, within the largest bucket: each sequence
-        computes its newest token and its drafts (1 + k rows: a verify), nothing else."""
+        computes its newest token and its drafts (1 + k rows: a verify), nothing else. Newest
+        means its last: a one-token chunk of a prompt is one row too, but not at the prompt's end
+        (a budget of 1, or one token left of it), and a lane feeds last_token (lanes_of)."""
         rows = plan.num_new_tokens
-        return all(n == 1 + len(seq.draft_ids) for seq, n in zip(plan.seqs, rows)) \
+        return all(n == 1 + len(seq.draft_ids) and seq.num_computed_tokens == seq.num_tokens + len(seq.draft_ids)
+                   for seq, n in zip(plan.seqs, rows)) \
             and (scored or [1] * len(rows)) == rows and sum(rows) <= self.buckets[-1] \
             and all(len(seq.block_table) <= self.width for seq in plan.seqs)
 

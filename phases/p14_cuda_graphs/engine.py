@@ -20,6 +20,7 @@ from .attention_backends import make_backend
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .cuda_graph import GraphRunner, buckets_up_to
+from .draft_proposer import draft_depth
 from .kv_cache import KVCache, memory_budget, num_blocks_for
 from .model import Model
 from .model_runner import ModelRunner
@@ -76,6 +77,9 @@ class LLM:
     def _build_cache(self) -> KVCache:
         c = self.config
         budget = c.kv_cache_bytes or memory_budget(self.device, c.gpu_memory_utilization, c.cpu_kv_cache_bytes)
+        if c.speculative == "draft":    # a self-draft keeps a pool of as many blocks, of its own layers:
+            layers = self.model_config.num_layers           # the two share the budget by layers
+            budget = budget * layers // (layers + draft_depth(layers, c.draft_num_layers))
         most = c.max_num_seqs * -(-self.max_model_len // c.block_size)   # more could never be filled
         num_blocks = num_blocks_for(self.model_config, self.dtype, c.block_size, budget, most)
         return KVCache(self.model_config, num_blocks, c.block_size, self.device, self.dtype)

@@ -59,6 +59,7 @@ class Speculator:
         seq.draft_ids = ids
         seq.num_computed_tokens += len(ids)
         plan.num_new_tokens[i] += len(ids)
+        plan.num_batched_tokens += len(ids)          # a counter, not a sum: the budget left shrinks
         self.draft_probs[seq.seq_id] = None if draft.probs is None else draft.probs[:len(ids)]
 
     def verify(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]],

@@ -99,6 +99,27 @@ def test_padded_lanes_write_only_the_scratch_block(smollm2):
     assert touched - {scratch} <= owned and owned
 
 
+@pytest.mark.parametrize("seats, budget, partial", [(1, 1, 1), (3, 3, 1), (2, 6, 4)],
+                         ids=["budget-1", "budget-equals-seats", "partial-above-half"])
+def test_a_one_token_prompt_chunk_is_no_lane(seats, budget, partial):
+    """Steps where a prompt computes one token that is not its last (a budget of 1; one token of
+    budget left beside the decodes; chunks of budget // K = 1) have one row per sequence, like a
+    decode, but a lane feeds the sequence's last token: they must run eagerly. The graph-path
+    engine's tokens equal the eager engine's, and so do the next call's, which read the prefix
+    the first one cached (a wrong block there would poison every later hit)."""
+    options = dict(device="cpu", dtype="float32", max_model_len=64, max_num_seqs=seats,
+                   max_num_batched_tokens=budget, max_num_partial_prefills=partial, block_size=4)
+    prompts = [list(range(10 + i, 30 + 2 * i)) for i in range(4)]       # the 4th arrives as 2 decode
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 12, 12, 6)]
+    eager = [o.token_ids for o in phase.LLM("tiny-llama", **options).generate(prompts, params)]
+    lanes = phase.LLM("tiny-llama", **options)
+    lanes.runner.graphs = static_runner(lanes, seats)
+    assert [o.token_ids for o in lanes.generate(prompts, params)] == eager
+    lanes.runner.graphs = None
+    assert [o.token_ids for o in lanes.generate(prompts, params)] == eager
+    lanes.check()
+
+
 def test_a_lane_keeps_no_stale_block_table_columns(smollm2):
     """A long sequence leaves lane 0, a short one takes it: the columns past the short one's
     table are 0 again, not the long one's blocks."""
@@ -129,8 +150,8 @@ def test_a_verify_takes_one_decode_lane_per_row(smollm2):
     each at its own position, seeing keys up to its own (context = position + 1), through the
     sequence's table. can_run takes decodes and verifies whose every row is scored, nothing else."""
     runner = static_runner(smollm2)
-    seq = SimpleNamespace(block_table=[3, 4], num_computed_tokens=20, last_token=7, draft_ids=[11, 12])
-    plain = SimpleNamespace(block_table=[5], num_computed_tokens=9, last_token=8, draft_ids=[])
+    seq = SimpleNamespace(block_table=[3, 4], num_computed_tokens=20, num_tokens=18, last_token=7, draft_ids=[11, 12])
+    plain = SimpleNamespace(block_table=[5], num_computed_tokens=9, num_tokens=9, last_token=8, draft_ids=[])
     assert runner.fill([plain, seq]) == 4
     rows = runner.host_rows[:4]
     assert [list(r[:cuda_graph.TABLE + 3]) for r in rows] == [
@@ -139,8 +160,9 @@ def test_a_verify_takes_one_decode_lane_per_row(smollm2):
     plan = SimpleNamespace(seqs=[plain, seq], num_new_tokens=[1, 3])
     assert runner.can_run(plan, [1, 3])
     assert not runner.can_run(plan, [1, 1]) and not runner.can_run(plan)   # rows the engine would not get
-    chunk = SimpleNamespace(block_table=[6], num_computed_tokens=5, last_token=1, draft_ids=[])
+    chunk = SimpleNamespace(block_table=[6], num_computed_tokens=5, num_tokens=9, last_token=1, draft_ids=[])
     assert not runner.can_run(SimpleNamespace(seqs=[chunk], num_new_tokens=[5]))    # a prompt chunk
+    assert not runner.can_run(SimpleNamespace(seqs=[chunk], num_new_tokens=[1]))    # ... of one token, not its last
     many = SimpleNamespace(seqs=[seq] * 3, num_new_tokens=[3] * 3)
     assert not runner.can_run(many, [3] * 3)                                   # 9 rows > bucket 8
 

@@ -265,6 +265,47 @@ def test_switch_drafts_only_at_small_batches(phase, tiny_prompts, tiny_truth):
     assert any(drafted > 0 for decoding, drafted in sizes if decoding <= 2)
 
 
+def record_step_sizes(runner) -> list[int]:
+    """Wrap runner.run: the tokens each of its forwards computes, in order."""
+    sizes, run = [], runner.run
+
+    def recording(plan, *args):
+        sizes.append(sum(plan.num_new_tokens))
+        return run(plan, *args)
+    runner.run = recording
+    return sizes
+
+
+@pytest.mark.parametrize("proposer", ["scripted", "draft"])
+def test_no_step_exceeds_the_token_budget(phase, proposer, tiny_prompts, tiny_truth):
+    """Drafts count against max_num_batched_tokens like any token: with a budget of 12 and eight
+    sequences decoding, each step has 4 tokens left for drafts. The self-draft's forwards keep to
+    the budget too, catching up on a whole prompt in chunks of it (the prompts are longer)."""
+    options = dict(max_num_seqs=8, max_num_batched_tokens=12)
+    llm = scripted(phase, tiny_truth, None, k=7, **options) if proposer == "scripted" else \
+        engine(phase, block_size=BLOCK, speculative="draft", num_speculative_tokens=7, **options)
+    sizes = record_step_sizes(llm.runner)
+    drafts = record_step_sizes(llm.speculator.proposer.runner) if proposer == "draft" else []
+    prompts = tiny_prompts * 2
+    outs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outs] == [tiny_truth[tuple(p)] for p in prompts]
+    assert max(sizes) <= 12 and (proposer == "scripted" or max(drafts) <= 12)
+    assert llm.speculator.counters()["spec_decode_num_draft_tokens"] > 0
+    llm.check()
+
+
+def test_a_self_draft_shares_the_kv_budget(phase):
+    """The self-draft's pool has as many blocks as the target's and both fit the one budget
+    (on a GPU: the share of free memory gpu_memory_utilization gives, not twice it)."""
+    budget = 1 << 20
+    llm = engine(phase, speculative="draft", kv_cache_bytes=budget)
+    draft = llm.speculator.proposer
+    bytes_per_block = sum(layer[:, 0].numel() * layer.element_size()
+                          for layer in [*llm.cache.layers, *draft.runner.cache.layers])
+    assert draft.blocks.num_blocks == llm.cache.num_blocks
+    assert budget - bytes_per_block < llm.cache.num_blocks * bytes_per_block <= budget
+
+
 def test_off_drafts_nothing(phase, tiny_prompts, tiny_truth):
     llm = engine(phase, block_size=BLOCK)
     assert [o.token_ids for o in llm.generate(tiny_prompts, greedy())] == list(tiny_truth.values())
