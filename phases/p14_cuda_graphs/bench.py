@@ -19,12 +19,17 @@ process), 1 to 64 streams in flight: whether the graphs' gain reaches a served u
 profile-pair: this engine's decode step without graphs (`cuda_graph=False`, the ablation) and
 with them, profiled in one process in rotated rounds (common.profile_pair): GPU idle, kernels and
 host time per step, the idea itself. On a CPU both run eagerly: the part's plumbing only.
+parity: where bf16 greedy tokens part from fp32's, and from each other across batch shapes, graphs,
+prefix hits and verify steps, on the real SmolLM2 (common.greedy_parity: what "same tokens" means).
+self-draft: the draft-model proposer at the default memory settings on llama-8b: its pool and the
+target's share gpu_memory_utilization of free memory; builds, generates, and reports both pools.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
-from common import peer, spec_decode
+from common import greedy_parity, peer, spec_decode
 from common.bench_set import run_parts
 from common.profile_pair import profile_part
 
@@ -76,6 +81,34 @@ def speculation(rest: list[str], command: str) -> None:
 speculation.preset, speculation.engines, speculation.extra = "llama-8b", SPECULATION, SPECULATION_SWEEP
 
 
+def self_draft(rest: list[str], command: str) -> None:
+    """llama-8b, speculative="draft", every memory setting at its default: one record."""
+    import time
+
+    import torch
+
+    from common.results import RESULTS, device_tag, provenance, write_records
+    from common.sampling import SamplingParams
+    llm = importlib.import_module(f"phases.{PHASE}").LLM("llama-8b", speculative="draft")
+    free_after_build = torch.cuda.mem_get_info()[0]
+    prompts = [[1000 + 7 * i + j for j in range(32)] for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))     # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    c, name = llm.speculator.counters(), torch.cuda.get_device_name()
+    metrics = {"num_blocks": llm.cache.num_blocks, "draft_num_blocks": llm.speculator.proposer.blocks.num_blocks,
+               "free_bytes_after_build": free_after_build, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+               "output_tok_s": sum(len(o.token_ids) for o in outs) / seconds,
+               "acceptance": c["spec_decode_num_accepted_tokens"] / max(1, c["spec_decode_num_draft_tokens"])}
+    record = {"phase": PHASE, "engine": ENGINE + " speculative=draft", "workload": "self-draft", "preset": "llama-8b",
+              "dtype": "bfloat16", "scale": "full", "setting": {"concurrency": len(prompts)}, "device": name,
+              "metrics": metrics, "provenance": provenance(name) | {"make_command": command}}
+    write_records(RESULTS / PHASE / f"self-draft-{device_tag(name)}.json", [record])
+    print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+
+
 GPU_PARTS = {
     "latency": standard("latency", "llama-1b"),
     "latency-8b": standard("latency", "llama-8b"),
@@ -91,6 +124,8 @@ GPU_PARTS = {
     "serving-8b": serving("llama-8b", "1,64"),
     "profile-pair": profile_part(PHASE, [(ENGINE, {"attention_backend": "triton", "cuda_graph": False}),
                                          (ENGINE, {"attention_backend": "triton", "cuda_graph": True})]),
+    "parity": greedy_parity.part(PHASE),
+    "self-draft": self_draft,
 }
 SMALL = ("--scale", "small")
 CPU_PARTS = {
@@ -99,6 +134,7 @@ CPU_PARTS = {
     "serving": serving("tiny-llama", "1,8", *SMALL),
     "profile-pair": profile_part(PHASE, [(ENGINE, {"attention_backend": "torch", "cuda_graph": False}),
                                          (ENGINE, {"attention_backend": "torch", "cuda_graph": True})]),
+    "parity": greedy_parity.part(PHASE, small=True),
 }
 
 
