@@ -9,9 +9,11 @@ near-tie); from there the continuations part. This measures how often that happe
 on the real SmolLM2 (its logits have real near-ties; a random-weight model's do not mean much):
 
   bf16 vs fp32       the same engine, one prompt at a time, eager, cold cache
-  batched            bf16, all prompts in one call (other batch shapes) vs bf16 one at a time
+  batched            bf16, all prompts in one call, prefix caching off (other batch shapes) vs
+                     bf16 one at a time
+  prefix hit         bf16, one at a time, each prompt run again at once: it reads its cached
+                     prefix (every full block but the last token's) instead of computing it, vs cold
   graphs             bf16, decode replayed from CUDA graphs vs eager (same kernels, same lanes)
-  prefix-hit         bf16, a second call that reads each prompt's cached prefix vs cold
   verify             bf16, n-gram speculation (k + 1 row verify steps) vs plain decode
 
 Each record: per prompt the first position where the two sequences part (None: equal throughout),
@@ -62,12 +64,14 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def one_by_one(llm, ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    """Each prompt alone, the prefix cache emptied before each: no batch or cache effects."""
+def one_by_one(llm, ids: list[list[int]], params: SamplingParams, again: bool = False) -> list[list[int]]:
+    """Each prompt alone, the prefix cache emptied before each: no batch or cache effects.
+    again: each prompt's second run, which reads the blocks its first one cached."""
     out = []
     for p in ids:
         llm.reset_prefix_cache()
-        out.append(llm.generate([p], params)[0].token_ids)
+        first = llm.generate([p], params)[0].token_ids
+        out.append(llm.generate([p], params)[0].token_ids if again else first)
     return out
 
 
@@ -88,11 +92,12 @@ def measure(phase: str, device: str, num_prompts: int = 24, new_tokens: int = NE
     fp32 = one_by_one(LLM("smollm2-135m", dtype="float32", cuda_graph=False, **common), ids, params)
     eager = LLM("smollm2-135m", dtype="bfloat16", cuda_graph=False, **common)
     bf16 = one_by_one(eager, ids, params)
-    rows = [compare("bf16 vs fp32", fp32, bf16)]
-    eager.reset_prefix_cache()
-    rows.append(compare("batched vs one at a time (bf16)", bf16, [o.token_ids for o in eager.generate(ids, params)]))
-    rows.append(compare("prefix hit vs cold (bf16)", bf16, [o.token_ids for o in eager.generate(ids, params)]))
+    rows = [compare("bf16 vs fp32", fp32, bf16),
+            compare("prefix hit vs cold (bf16)", bf16, one_by_one(eager, ids, params, again=True))]
     del eager
+    unshared = LLM("smollm2-135m", dtype="bfloat16", cuda_graph=False, enable_prefix_caching=False, **common)
+    rows.append(compare("batched vs one at a time (bf16)", bf16, [o.token_ids for o in unshared.generate(ids, params)]))
+    del unshared
     graphs = LLM("smollm2-135m", dtype="bfloat16", **common)
     rows.append(compare("graphs vs eager (bf16)", bf16, one_by_one(graphs, ids, params)))
     del graphs
