@@ -737,6 +737,22 @@ def spread_cell(rec: dict | None, key: str) -> str:
     return f"{fmt(key, metric(rec, key))} ({fmt(key, lo)}–{fmt(key, hi)})"
 
 
+# --- greedy parity (common.greedy_parity): where bf16 tokens part ---------------------------------
+def parity_table(records: list[dict], phase: str | None) -> str:
+    """Per comparison, the newest GPU run's count of prompts whose greedy tokens part, and where."""
+    where = {"phase": phase} if phase else {}               # the top README: any phase's
+    recs = [r for r in select(records, workload="greedy-parity", **where) if r.get("device") != "cpu"]
+    if not recs:
+        return "_No parity run yet: `make phase-14 bench PART=parity` on a GPU, then `make results`._"
+    rows = []
+    for r in recs:
+        m = r["metrics"]
+        where = "–" if m["first_position_median"] is None else f"{m['first_position_median']:g}"
+        rows.append([r["setting"]["comparison"], f"{m['parted']} of {m['prompts']}", where])
+    return table(["comparison (greedy, 128 new tokens)", "prompts that part", "median first position"], rows) \
+        + "\n\n" + provenance_line(recs)
+
+
 # --- README rewriting ---------------------------------------------------------------------------
 def build(name: str, phase: str | None, records: list[dict], history: list[dict] = (),
           unreadable: list = ()) -> str | None:
@@ -757,6 +773,8 @@ def build_body(name: str, phase: str | None, records: list[dict], history: list[
         return profile_tables(records, phase)
     if phase and name == "peer":
         return peer_table(records, phase)
+    if name == "parity":
+        return parity_table(records, phase)
     if phase and name == "before-after":
         return before_after_all(records, phase)
     if phase and name.startswith("before-after-") and name[len("before-after-"):] in WORKLOADS:
