@@ -19,6 +19,8 @@ process), 1 to 64 streams in flight: whether the graphs' gain reaches a served u
 profile-pair: this engine's decode step without graphs (`cuda_graph=False`, the ablation) and
 with them, profiled in one process in rotated rounds (common.profile_pair): GPU idle, kernels and
 host time per step, the idea itself. On a CPU both run eagerly: the part's plumbing only.
+fusion(-8b): batch 1, p14 eager and unfused (its other host changes only), graphs without the
+fused kernels, graphs with them: how much of the gain is the graphs and how much the fusion.
 parity: where bf16 greedy tokens part from fp32's, and from each other across batch shapes, graphs,
 prefix hits and verify steps, on the real SmolLM2 (common.greedy_parity: what "same tokens" means).
 self-draft: the draft-model proposer at the default memory settings on llama-8b: its pool and the
@@ -38,6 +40,10 @@ ENGINE = PHASE[:3]                                          # "p14"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p13"
 AA = [PREVIOUS, PREVIOUS + "#2"]
 TRITON = f"{ENGINE} attention_backend=triton"
+
+
+# p14's gain split in one run: its step eager and unfused, replayed unfused, replayed and fused.
+FUSION = (f"{ENGINE} cuda_graph=0 fused_kernels=0", f"{ENGINE} fused_kernels=0", ENGINE)
 
 
 def standard(workload: str, preset: str, *extra: str, engines=(ENGINE, TRITON)) -> list[list[str]]:
@@ -124,6 +130,8 @@ GPU_PARTS = {
     "serving-8b": serving("llama-8b", "1,64"),
     "profile-pair": profile_part(PHASE, [(ENGINE, {"attention_backend": "triton", "cuda_graph": False}),
                                          (ENGINE, {"attention_backend": "triton", "cuda_graph": True})]),
+    "fusion": standard("latency", "llama-1b", engines=FUSION),
+    "fusion-8b": standard("latency", "llama-8b", engines=FUSION),
     "parity": greedy_parity.part(PHASE),
     "self-draft": self_draft,
 }

@@ -50,6 +50,8 @@ class EngineConfig:
     cuda_graph: bool = True          # replay captured decode steps (CUDA with flash-attn or triton;
                                      # elsewhere every step runs eagerly); False: the eager engine
     cuda_graph_max_batch: int = 256  # the largest decode batch captured (capped at max_num_seqs)
+    fused_kernels: bool = True       # on a GPU, rope + K/V write, add + norm, SiLU * mul as one Triton
+                                     # kernel each; False: torch's ops (the ablation: graphs alone)
 
     def __post_init__(self):
         self.device = check_device(self.device or default_device())
@@ -82,6 +84,9 @@ class EngineConfig:
         if self.cuda_graph not in (True, False, 0, 1):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
         self.cuda_graph = bool(self.cuda_graph)
+        if self.fused_kernels not in (True, False, 0, 1):
+            raise ValueError(f"fused_kernels must be True or False, got {self.fused_kernels!r}")
+        self.fused_kernels = bool(self.fused_kernels)
 
     @property
     def graphs_apply(self) -> bool:

@@ -72,6 +72,7 @@ class LLM:
         with torch.device(self.device), skip_init():     # load_weights() fills every parameter
             model = Model(self.model_config).to(self.dtype)
         model.load_weights(self.source.load_weights(self.device, self.dtype))
+        model.use_fused_kernels(self.config.fused_kernels)
         return model.eval()
 
     def _build_cache(self) -> KVCache:

@@ -9,6 +9,8 @@ from common.model_config import ModelConfig, rope_inv_freq
 
 
 class RMSNorm(nn.Module):
+    fused = True        # on a GPU, the Triton kernel below (False: torch's ops, the ablation)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -19,7 +21,7 @@ class RMSNorm(nn.Module):
         -> (RMSNorm(x + residual), x + residual), the sum in x's dtype. No stream yet (the first
         layer, x the embedding): x starts it, -> (RMSNorm(x), x).
         On a GPU one Triton kernel does both (fused_elementwise.py), the stream updated in place."""
-        if x.is_cuda:
+        if x.is_cuda and self.fused:
             from .fused_elementwise import add_rms_norm      # triton: imported where it runs
             return add_rms_norm(x, residual, self.weight, self.eps), x if residual is None else residual
         stream = x if residual is None else x + residual
@@ -58,6 +60,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+    fused = True        # on a GPU, SiLU * up in one Triton kernel
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -66,7 +69,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)                       # (T, 2 * intermediate)
-        if gate_up.is_cuda:
+        if gate_up.is_cuda and self.fused:
             from .fused_elementwise import silu_and_mul      # one kernel for the two below
             return self.down_proj(silu_and_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)

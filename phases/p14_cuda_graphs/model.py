@@ -37,6 +37,8 @@ class DecoderLayer(nn.Module):
 
 
 class Model(nn.Module):
+    fused = True        # on a GPU, rotary + K/V write in one kernel (model_runner.step_context)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -57,6 +59,13 @@ class Model(nn.Module):
             x, residual = layer(x, residual, step)
         with stage("lm_head"):                                 # the last add, the final norm and the head
             return self.lm_head(self.norm(x, residual)[0][step.last_rows]).float()
+
+    def use_fused_kernels(self, on: bool) -> None:
+        """The fused Triton kernels (rope + store, add + norm, SiLU * mul) on a GPU, or torch's
+        unfused ops (the ablation that splits p14's gain into graphs and fusion)."""
+        for module in self.modules():
+            if isinstance(module, (Model, RMSNorm, MLP)):
+                module.fused = on
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy checkpoint weights (our names, see common.weights) in, packing q/k/v and

@@ -17,7 +17,7 @@ def step_context(model: Model, cache: KVCache, backend, is_prefill: bool, positi
     it, once for every layer. On a GPU the rotary tables go to the fused kernel whole
     (rope_store.py: it reads each token's row itself); elsewhere each token's row is gathered here."""
     rotary = model.rotary
-    if cache.layers[0].is_cuda:
+    if cache.layers[0].is_cuda and model.fused:
         from .rope_store import rope_and_store          # triton: imported where it runs
         cos = sin = None
         fields["rope"] = (rope_and_store, positions, rotary.cos, rotary.sin)

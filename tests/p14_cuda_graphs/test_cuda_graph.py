@@ -43,6 +43,18 @@ def test_graphs_are_off_on_cpu_and_with_the_torch_backend():
         config.EngineConfig(model="tiny-llama", device="cpu", cuda_graph="maybe")
 
 
+def test_fused_kernels_switch_reaches_every_fused_module():
+    """fused_kernels=False: the model and each norm and MLP take torch's ops (on a GPU: the graphs
+    without the fusion, the ablation that splits p14's gain); a bad value is refused by name."""
+    llm = phase.LLM("tiny-llama", device="cpu", dtype="float32", max_model_len=64, fused_kernels=False)
+    fused = [m.fused for m in llm.model.modules() if hasattr(m, "fused")]
+    assert fused and not any(fused)
+    assert all(m.fused for m in phase.LLM("tiny-llama", device="cpu", max_model_len=64).model.modules()
+               if hasattr(m, "fused"))
+    with pytest.raises(ValueError, match="fused_kernels"):
+        config.EngineConfig(model="tiny-llama", device="cpu", fused_kernels="yes")
+
+
 def test_auto_picks_a_backend_that_captures_on_a_gpu(monkeypatch):
     """On a GPU without FlashAttention "auto" is our Triton kernel, not the torch reference: the
     graphs (this phase's idea) still apply. On CPU it stays torch."""
