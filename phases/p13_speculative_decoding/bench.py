@@ -6,8 +6,8 @@ previous phase built twice ("p12", "p12#2": the run's A/A control). On a GPU eac
 
 acceptance (common/spec_decode.py, CPU): the real SmolLM2, greedy, on prompts whose answer copies
 from the prompt and on open-ended ones: how often prompt lookup's drafts are accepted, tokens per
-target step, per-request TPOT (acceptance-draft: the same for the self-draft). Acceptance does not
-depend on the machine.
+target step, per-request TPOT (acceptance-draft: the same for the self-draft). On a GPU in bf16
+with p13 itself (speculation off) beside p12 twice: the real proposers' gain on the real model.
 speed-1, speed-4, speed-16, speed-64: llama-8b at that batch, a scripted proposer that replays the
 target's own greedy continuation with each token kept at a set rate (0.3 to 0.95), k = 2, 4, 8;
 speed-64 also with the switch moved past 64 (speculating there), which the default switch avoids.
@@ -41,6 +41,11 @@ def speed(batch: int, *extra: str):
 
 
 GPU_PARTS = {
+    # the real proposers on the real model, bf16: speculation against this engine without it (p13)
+    "acceptance": spec("acceptance", "acceptance", "smollm2-135m", AA + [ENGINE] + NGRAM),
+    "acceptance-draft": spec("acceptance-draft", "acceptance", "smollm2-135m",
+                             AA + [ENGINE, f"{ENGINE} speculative=draft num_speculative_tokens=2"],
+                             "--out", f"results/{PHASE}/acceptance-draft-h200.json"),
     "speed-1": speed(1),
     "speed-4": speed(4),
     "speed-16": speed(16),

@@ -26,10 +26,12 @@ def test_every_part_carries_the_aa_control_and_this_engine():
 
 def test_the_parts_measure_the_goals_settings():
     """Batches 1, 4, 16, 64 on llama-8b, acceptance 0.3 to 0.95 and k = 2, 4, 8 (64: the switch
-    against speculating anyway); acceptance on the real model on the CPU."""
+    against speculating anyway); acceptance on the real model on the CPU, and on the GPU with p13
+    itself (speculation off) in the run: the real proposers against the engine without them."""
     gpu = bench.GPU_PARTS
-    assert set(gpu) == {"speed-1", "speed-4", "speed-16", "speed-64"}
-    assert all(part.preset == "llama-8b" for part in gpu.values())
+    assert set(gpu) == {"acceptance", "acceptance-draft", "speed-1", "speed-4", "speed-16", "speed-64"}
+    assert all(gpu[f"speed-{b}"].preset == "llama-8b" for b in (1, 4, 16, 64))
+    assert all(gpu[p].preset == "smollm2-135m" and "p13" in gpu[p].engines for p in ("acceptance", "acceptance-draft"))
     args = spec_decode.parse_args(["speed", "--phase", PHASE, "--engines", "p12", *gpu["speed-1"].extra])
     assert (args.batches, args.acceptances, args.ks) == ([1], [0.3, 0.6, 0.8, 0.95], [2, 4, 8])
     assert "default,64" in gpu["speed-64"].extra
