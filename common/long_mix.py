@@ -251,14 +251,15 @@ def headline(records: list[dict], phase: str, device: str = GPU, preset: str = "
     rec, base, twin = next(r for r in recs if r["setting"] == default), recs[0], recs[1]
     m, b = rec["metrics"], base["metrics"]
     return (f"**{m['itl_p99_ms'] / m['itl_p50_ms']:.2f}× ITL p99 over p50** at the default budget "
-            f"({default_budget(phase)} tokens; p10: {b['itl_p99_ms'] / b['itl_p50_ms']:.2f}×), long-mix on {preset}, "
-            f"{device}: ITL p99 {versus(rec, base, twin, 'itl_p99_ms')} shorter than p10's, output tok/s "
+            f"({default_budget(phase)} tokens; p10: {b['itl_p99_ms'] / b['itl_p50_ms']:.2f}×), beside an ITL p50 of "
+            f"{m['itl_p50_ms']:.1f} ms against p10's {b['itl_p50_ms']:.1f} ({versus(rec, base, twin, 'itl_p50_ms')}), "
+            f"long-mix on {preset}, {device}: ITL p99 {versus(rec, base, twin, 'itl_p99_ms')} shorter than p10's, output tok/s "
             f"{versus(rec, base, twin, 'output_tok_s')}, TTFT p50 of the long prompts "
             f"{versus(rec, base, twin, 'ttft_long_p50_ms')} and of the short ones "
             f"{versus(rec, base, twin, 'ttft_short_p50_ms')} (speed ratios over p10 per repeat pair, "
             f"judged against p10#2 over p10 on the same metric; git {short_sha(rec['provenance']['git_sha'])}).\n\n"
             f"**A/A:** p10 built twice in the same run, p10#2 over p10: ITL p99 "
-            f"{aa_text(twin, base, 'itl_p99_ms')}, output tok/s {aa_text(twin, base, 'output_tok_s')}, TTFT p50 of "
+            f"{aa_text(twin, base, 'itl_p99_ms')}, ITL p50 {aa_text(twin, base, 'itl_p50_ms')}, output tok/s {aa_text(twin, base, 'output_tok_s')}, TTFT p50 of "
             f"the long prompts {aa_text(twin, base, 'ttft_long_p50_ms')}, of the short ones "
             f"{aa_text(twin, base, 'ttft_short_p50_ms')}.")
 
@@ -280,7 +281,7 @@ def results_table(records: list[dict], device: str = GPU) -> str:
             label = preset if len(runs) == 1 else f"{preset} ({base['part']})"
             rows += [run_row(label, r, base, twin) for r in recs]
     header = ["model", "engine (budget)", "out tok/s", "ITL p50 ms", "ITL p99 ms", "p99/p50", "TTFT long p50 ms",
-              "TTFT short p50 ms", "ITL p99 vs p10", "tok/s vs p10", "TTFT long vs p10"]
+              "TTFT short p50 ms", "ITL p99 vs p10", "ITL p50 vs p10", "tok/s vs p10", "TTFT long vs p10"]
     sources = "; ".join(f"{r['preset']}: {r['provenance']['make_command']}, git {short_sha(r['provenance']['git_sha'])}, "
                         f"run {r['run_id']}, {r['provenance']['utc'][:10]}" for r in used)
     return (table(header, rows) + f"\n\n_Source: `results/{used[0]['phase']}/{WORKLOAD}*-{device_tag(device)}.json` "
@@ -291,8 +292,10 @@ def run_row(label: str, r: dict, base: dict, twin: dict) -> list[str]:
     m = r["metrics"]
     return ([label, budget_label(r), f"{m['output_tok_s']:,.0f}", f"{m['itl_p50_ms']:.1f}", f"{m['itl_p99_ms']:.1f}",
              f"{m['itl_p99_ms'] / m['itl_p50_ms']:.2f}", f"{m['ttft_long_p50_ms']:.0f}", f"{m['ttft_short_p50_ms']:.0f}"]
-            + (["–"] * 3 if r is base else [versus(r, base, twin, k)
-                                            for k in ("itl_p99_ms", "output_tok_s", "ttft_long_p50_ms")]))
+            + (["–"] * 4 if r is base else [versus(r, base, twin, k) for k in COMPARED]))
+
+
+COMPARED = ("itl_p99_ms", "itl_p50_ms", "output_tok_s", "ttft_long_p50_ms")     # the table's ratio columns
 
 
 def update_readme(phase: str) -> None:

@@ -3,15 +3,23 @@
 Rewrites what lies between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in README.md and
 phases/*/README.md from the JSON under results/; results are never typed by hand. Names:
 
-  ladder                 README.md: per device, each phase's own engine per model, with its gains
-                         over the previous phase and HF measured in that phase's own runs
+  milestones             README.md: a row per measured phase, its headline ratio with its run's
+                         A/A range (HEADLINES), linked to the phase
+  ladder                 per GPU, each phase's own engine per model, with its gains over the
+                         previous phase and HF measured in that phase's own runs; the same run
+                         writes it whole to results/LADDER.md (ladder_page), with its run ids
   before-after           phases/pNN_*/README.md: previous phase vs this phase vs peers, per device,
                          for every workload the phase measured (latency, offline, concurrency)
   before-after-latency   the same, latency only (likewise -offline, -concurrency)
   headline               phases/pNN_*/README.md: one sentence, the phase's headline ratio (HEADLINES),
                          and, once its part has run more than once, the spread across the runs
-                         that results/*/history/ keeps (common.results.write_records)
+                         that results/*/history/ keeps (common.results.write_records) at the same
+                         code; runs at other code are named as such, not judged (across_runs)
   profile                phases/pNN_*/README.md: decode-step profile records, per device
+  profile-pair           the same for `profile-pair` records (the step with and without the phase's
+                         idea, profiled in one process), with wall µs per kernel
+  graph-facts            phases/pNN_*/README.md: the CUDA-graph pool and capture time its engines
+                         recorded (engine_facts), as ranges over the phase's current GPU records
 
 Every ratio is taken between records of one run, per repeat pair (common.stats): a cell with no
 same-run baseline stays empty. A ratio is judged against the A/A control of its run (the baseline
@@ -23,15 +31,20 @@ read is named in every table it would have fed, and on stderr: a table never los
 every record's measured bandwidth there), so the column compares phases, not machine moods. CPU
 latency tables have no such column: their small presets sit in the CPU's caches (tiny-llama's
 26 MB ran above the copy bandwidth's floor), so a memory-copy bandwidth bounds nothing there.
+CPU runs are not laddered: each is a separate run on a shared host, and absolute rates of
+different runs there are not comparable (each phase's CPU runs are in its RUNS.md).
 A README without markers is left untouched; an unknown name is reported and left as it is.
---check writes nothing and exits 1 when any README differs from what would be generated.
+--check writes nothing and exits 1 when any README or results/LADDER.md differs from what would
+be generated.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,7 +63,9 @@ WORKLOADS = {
     "offline": ("output_tok_s", "output tok/s", {"total_tok_s": "total tok/s", "ttft_s_p50": "TTFT p50 s",
                                                  "mean_in_flight": "in flight (mean)", "num_preemptions": "preemptions",
                                                  "peak_mem_gib": "peak GiB"}),
-    "concurrency": ("output_tok_s", "output tok/s", {"itl_ms_p50": "ms/step (ITL p50)"}),
+    # ITL p50: the median gap between consecutive tokens of a request where they were received,
+    # not a step time (tokens read off a stream in bursts, or kept together by a verify, gap ~0)
+    "concurrency": ("output_tok_s", "output tok/s", {"itl_ms_p50": "ITL p50 ms"}),
     # steady decodes plus long prompts (common.long_mix); its own tables come from common.long_mix
     "long-mix": ("itl_p99_ms", "inter-token gap p99 (ratio: the baseline's gap over this one's)", {}),
     # requests sharing a system prompt (common.shared_prefix); its own tables come from common.shared_prefix
@@ -452,7 +467,7 @@ def headline(records: list[dict], phase: str, history: list[dict] | None = None)
     other = baseline(records, rec, base)
     if not (rec and other):
         return f"_No same-run measurement of {mine} vs {base} yet: run the part named below, then `make results`._"
-    where = ", ".join(f"{k}={v}" for k, v in setting.items()) or "the standard set"
+    where = ", ".join(f"{k}={v}" for k, v in setting.items()) or f"{workload} workload, PART={part_of(rec)}"
     command = (rec.get("provenance") or {}).get("make_command", "?")
     history = load_history() if history is None else history
     return (f"**{ratio_text(records, rec, other, key)}** {WORKLOADS[workload][1]}, {mine} vs {base} "
@@ -485,24 +500,72 @@ def runs_table(records: list[dict], phase: str) -> str:
     return table(["run (UTC)", "git", "repeats", mine, base, "A/A", f"{mine} vs {base}"], rows)
 
 
+def part_of(rec: dict) -> str:
+    """The bench part that made a record: its `part`, else the PART= of its make command."""
+    command = (rec.get("provenance") or {}).get("make_command") or ""
+    return rec.get("part") or (command.split("PART=")[-1].split()[0] if "PART=" in command else "?")
+
+
+def code_of(rec: dict, phase: str) -> str:
+    """What identifies the code a headline run measured: the git trees of the phase's folder and
+    of its baseline's phase folder at the record's commit (two commits that differ elsewhere are
+    the same code here); the commit itself where git cannot tell, and the run itself for a dirty
+    tree or an unknown commit (the same code as nothing else)."""
+    sha = (rec.get("provenance") or {}).get("git_sha") or "?"
+    if sha.endswith("-dirty") or sha in ("?", "unknown"):
+        return f"{sha} {run_key(rec)}"
+    base = HEADLINES[phase][4].split()[0]
+    folders = [phase] + sorted(p.name for p in (ROOT / "phases").glob(f"{base}_*") if p.name != phase)
+    return _trees(sha, tuple(folders)) or sha
+
+
+@functools.lru_cache(maxsize=None)
+def _trees(sha: str, folders: tuple[str, ...]) -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", *[f"{sha}:phases/{f}" for f in folders]], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return " ".join(done.stdout.split()) if done.returncode == 0 else None
+
+
 def across_runs(records: list[dict], phase: str, command: str) -> str:
-    """" Across the 3 runs of this part in results/ (git a, b, c): run medians 3.24–4.00×, repeat
-    pairs 2.98–4.34×; the newest run's median lies outside the pairs of the runs before it
-    (3.53–4.34×)." for the headline's runs made by `command`; "" for fewer than two runs. The
-    last clause is the reproduction check: did the newest run land where the earlier ones did?"""
+    """What the other runs of the headline's part (made by `command`) say; "" for no other run.
+
+    Runs at the newest run's code (code_of): " Across the 3 runs of this part in results/, all at
+    the same code (git a, b, c, oldest first): run medians 3.24–4.00×, repeat pairs 2.98–4.34×; the
+    newest run's median lies outside the pairs of the runs before it (3.53–4.34×)." That last
+    clause is the reproduction check: did the same code land where it did before? Runs at other
+    code are not judged against it: the sentence says the code changed between them, and where."""
     ratios = headline_runs(records, phase, command)
     if len(ratios) < 2:
         return ""
-    shas = ", ".join(short_sha(r["provenance"].get("git_sha", "?")) for r, _ in ratios)
-    medians = [ratio["median"] for _, ratio in ratios]
-    before = [ratio for _, ratio in ratios[:-1]]
+    codes = [code_of(r, phase) for r, _ in ratios]
+    same = [run for run, code in zip(ratios, codes) if code == codes[-1]]
+    text = ""
+    if len(same) < len(ratios):
+        firsts = {}
+        for (r, _), code in zip(ratios, codes):
+            firsts.setdefault(code, short_sha(r["provenance"].get("git_sha", "?")))
+        n = len(ratios) - len(same)
+        text = (f" {'An earlier run' if n == 1 else f'{n} earlier runs'} of this part in results/ measured other "
+                f"code: the code changed between these runs (git {' → '.join(firsts.values())}), so "
+                f"{'it is' if n == 1 else 'they are'} not compared with this one (every run: "
+                f"`results/{phase}/RUNS.md`).")
+    if len(same) < 2:
+        return text
+    shas = ", ".join(short_sha(r["provenance"].get("git_sha", "?")) for r, _ in same)
+    medians = [ratio["median"] for _, ratio in same]
+    before = [ratio for _, ratio in same[:-1]]
     lo, hi = min(x["min"] for x in before), max(x["max"] for x in before)
     where = "inside" if lo <= medians[-1] <= hi else "outside"
     b = fmt_bound
-    return (f" Across the {len(ratios)} runs of this part in results/ (git {shas}, oldest first): run medians "
-            f"{b(min(medians))}–{b(max(medians))}×, repeat pairs {b(min(x['min'] for _, x in ratios))}–"
-            f"{b(max(x['max'] for _, x in ratios))}×; the newest run's median lies {where} the pairs of the "
-            f"run{'s' if len(before) > 1 else ''} before it ({b(lo)}–{b(hi)}×).")
+    runs = (f"the {len(same)} runs of this part in results/, all at the same code" if len(same) == len(ratios)
+            else f"the {len(same)} runs at this code")
+    return text + (f" Across {runs} (git {shas}, oldest first): run medians "
+                   f"{b(min(medians))}–{b(max(medians))}×, repeat pairs {b(min(x['min'] for _, x in same))}–"
+                   f"{b(max(x['max'] for _, x in same))}×; the newest run's median lies {where} the pairs of the "
+                   f"run{'s' if len(before) > 1 else ''} before it ({b(lo)}–{b(hi)}×).")
 
 
 # --- profile: decode-step profile records of a phase, per device --------------------------------
@@ -512,46 +575,79 @@ PROFILE = {"wall_ms_per_step": ("wall ms/step", "{:.2f}"), "kernels_per_step": (
            "ideal_ms_per_step": ("floor ms", "{:.3f}"), "roofline_frac": ("% of roofline", "{:.1%}")}
 
 
+# profile-pair: the step with and without the phase's idea in one process; wall time per kernel
+# is the host's cost per launch where the GPU idles through most of the step (an eager step)
+PROFILE_PAIR = PROFILE | {"us_per_kernel": ("wall µs / kernel", "{:.0f}")}
+PROFILE_CAPTIONS = {
+    "profile": "one decode step",
+    "profile-pair": "one decode step with and without the phase's idea, profiled in one process (rotated rounds)"}
+
+
 def profile_metric(rec: dict, key: str) -> float | None:
     """A profile column: a recorded metric, or one derived from them. "gpu_idle": the share of an
     unprofiled step's wall time the GPU is not busy (the profiler slows the host, not the kernels);
-    "prepare_us": the host time of the "prepare inputs" stage, clocked without the profiler."""
+    "prepare_us": the host time of the "prepare inputs" stage, clocked without the profiler;
+    "us_per_kernel": the unprofiled wall time over the kernels the profiled step launched."""
     if key == "gpu_idle":
         busy, wall = metric(rec, "gpu_busy_ms"), metric(rec, "wall_ms_per_step")
         return max(0.0, 1 - busy / wall) if busy and wall else None        # no GPU time on a CPU
     if key == "prepare_us":
         ms = (rec.get("metrics", {}).get("stage_host_ms") or {}).get("prepare inputs")
         return None if ms is None else 1e3 * ms
+    if key == "us_per_kernel":
+        wall, kernels = metric(rec, "wall_ms_per_step"), metric(rec, "kernels_per_step")
+        return 1e3 * wall / kernels if wall and kernels else None
     return metric(rec, key)
 
 
-def profile_table(records: list[dict], phase: str, device: str) -> str | None:
-    """A row per (model, setting) of the phase's `profile` records: batch first, then the engine
-    options the profile switched, then the per-step metrics."""
-    recs = select(records, phase=phase, device=device, workload="profile")
+def profile_table(records: list[dict], phase: str, device: str, workload: str = "profile") -> str | None:
+    """A row per (model, setting) of the phase's `workload` records (profile, profile-pair): batch
+    first, then the engine options the profile switched, then the per-step metrics."""
+    recs = select(records, phase=phase, device=device, workload=workload)
     if not recs:
         return None
+    columns = PROFILE_PAIR if workload == "profile-pair" else PROFILE
     keys = sorted({k for r in recs for k in r.get("setting") or {}}, key=lambda k: (k != "batch", k))
 
     def setting(r: dict) -> tuple:
         return tuple((r.get("setting") or {}).get(k, "–") for k in keys)
 
     def cells(r: dict) -> list[str]:
-        return ["–" if profile_metric(r, k) is None else f.format(profile_metric(r, k)) for k, (_, f) in PROFILE.items()]
+        return ["–" if profile_metric(r, k) is None else f.format(profile_metric(r, k)) for k, (_, f) in columns.items()]
     rows = [[r["preset"], *map(str, setting(r)), *cells(r)]
             for r in sorted(recs, key=lambda r: _rank((r["preset"], *setting(r))))]
     dtypes = ", ".join(sorted({str(r.get("dtype")) for r in recs}))
-    caption = (f"**{device}**, one decode step ({dtypes}): wall = median of unprofiled steps; kernels, GPU busy "
-               "and syncs from the profiled steps; GPU idle = 1 − busy / wall; host µs to prepare inputs "
-               "clocked without the profiler; floor = weights + KV read once at the measured copy bandwidth")
-    header = ["model", *keys, *[label for label, _ in PROFILE.values()]]
+    caption = (f"**{device}**, {PROFILE_CAPTIONS[workload]} ({dtypes}): wall = median of unprofiled steps; kernels, "
+               "GPU busy and syncs from the profiled steps; GPU idle = 1 − busy / wall; host µs to prepare inputs "
+               "clocked without the profiler; floor = weights + KV read once at the measured copy bandwidth"
+               + ("; wall µs / kernel = wall / kernels" if workload == "profile-pair" else ""))
+    header = ["model", *keys, *[label for label, _ in columns.values()]]
     return f"{caption}\n\n{table(header, rows)}\n\n{provenance_line(recs)}"
 
 
-def profile_tables(records: list[dict], phase: str) -> str:
-    devices = order_devices(r.get("device") for r in select(records, phase=phase, workload="profile"))
-    tables = [t for t in (profile_table(records, phase, d) for d in devices) if t]
-    return "\n\n".join(tables) or f"_No profile yet: run `make phase-{phase[1:3]} profile`, then `make results`._"
+def profile_tables(records: list[dict], phase: str, workload: str = "profile") -> str:
+    devices = order_devices(r.get("device") for r in select(records, phase=phase, workload=workload))
+    tables = [t for t in (profile_table(records, phase, d, workload) for d in devices) if t]
+    part = "profile" if workload == "profile" else f"bench PART={workload}"
+    return "\n\n".join(tables) or f"_No {workload} yet: run `make phase-{phase[1:3]} {part}`, then `make results`._"
+
+
+# --- graph-facts: what building a phase's CUDA graphs cost, from its engines' engine_facts -------
+def graph_facts(records: list[dict], phase: str) -> str:
+    """One line: the range of graph pool sizes and warm-up-and-capture times over the engines the
+    phase's current GPU records built (a record's engine_facts, written when its engine was built)."""
+    built = [r for r in select(records, phase=phase) if r.get("device") != "cpu"
+             and isinstance((r.get("engine_facts") or {}).get("graph_memory_bytes"), (int, float))]
+    if not built:
+        return f"_No GPU record of phase {phase[1:3]} holds graph facts yet: run `make phase-{phase[1:3]} bench`._"
+
+    def span(key: str, scale: float, form: str) -> str:
+        values = [r["engine_facts"][key] / scale for r in built if isinstance(r["engine_facts"].get(key), (int, float))]
+        return f"{form.format(min(values))}–{form.format(max(values))}" if values else "–"
+    presets = ", ".join(order_presets(r["preset"] for r in built))
+    return (f"Over the {len(built)} engines built by this phase's current GPU records ({presets}): graph pool "
+            f"{span('graph_memory_bytes', 2**20, '{:.0f}')} MiB, warm-up and capture "
+            f"{span('capture_seconds', 1, '{:.1f}')} s. {provenance_line(built)}")
 
 
 # --- ladder: every phase's own engine, per device, gains from that phase's own runs ------------
@@ -641,7 +737,8 @@ def run_cell(tags: dict, row: tuple) -> str:
     return " / ".join("–" if rec is None else tags[run_key(rec)] for rec in row)
 
 
-def ladder_device(records: list[dict], device: str) -> str | None:
+def ladder_device(records: list[dict], device: str, link: str = "phases/") -> str | None:
+    """The ladder of one device; `link`: the path from the page to phases/ ("../phases/" from results/)."""
     own = [r for r in select(records, device=device) if is_own(r["engine"], r["phase"])
            and not is_ablation(r["engine"]) and r["workload"] in WORKLOADS]
     if not own:
@@ -658,7 +755,7 @@ def ladder_device(records: list[dict], device: str) -> str | None:
                 cells, behind, source = ladder_cells(records, own, phase, engine, preset, top_c)
                 if all(cell == "–" for cell in cells):      # records of other workloads only (p12's shared prefixes)
                     continue
-                rows.append([f"[{phase}](phases/{phase})" if first else "", engine, preset, *cells])
+                rows.append([f"[{phase}]({link}{phase})" if first else "", engine, preset, *cells])
                 used += behind
                 sources.append(source)
                 first = False
@@ -677,10 +774,64 @@ def ladder_device(records: list[dict], device: str) -> str | None:
     return f"{caption}\n\n{table(header, rows)}\n\n{runs_note}\n\n{provenance_line(used)}"
 
 
-def ladder(records: list[dict]) -> str:
-    tables = [ladder_device(records, d) for d in order_devices(r.get("device") for r in records)]
-    tables = [t for t in tables if t]
-    return "\n\n".join(tables) or "_No results yet: run `make phase-NN bench`, then `make results`._"
+def ladder(records: list[dict], link: str = "phases/") -> str:
+    """Every GPU's ladder. No CPU's: its runs are separate runs on a shared host, so absolute rates
+    of two phases' runs there are not comparable (module docstring)."""
+    devices = [d for d in order_devices(r.get("device") for r in records) if d != "cpu"]
+    tables = [t for t in (ladder_device(records, d, link) for d in devices) if t]
+    return "\n\n".join(tables) or "_No GPU results yet: run `make phase-NN bench` on a GPU, then `make results`._"
+
+
+LADDER_PAGE = "results/LADDER.md"
+
+
+def ladder_page(records: list[dict], unreadable: list = ()) -> str:
+    """results/LADDER.md, whole: the GPU ladder with the run ids behind its numbers."""
+    return "\n\n".join([
+        "# The ladder: each phase's own engine on the GPU",
+        NOTE.replace("this table", "this page"),
+        "Per model: batch-1 decode with its ratio to the previous phase and to HF's compiled static cache "
+        "(`hf-static`), throughput with the most requests in flight measured, and offline throughput. Every "
+        "ratio comes from one run of that phase; each phase's runs, commit by commit: "
+        "`results/<phase>/RUNS.md`; how to read a ratio: [Reading the numbers](../README.md#reading-the-numbers).",
+        ladder(records, "../phases/") + unreadable_note(list(unreadable)),
+        "CPU numbers are not laddered: each phase's CPU run is a separate run on a shared 2-core host, and "
+        "absolute rates of different runs there are not comparable; each phase's CPU runs are in its "
+        "`results/<phase>/RUNS.md`."]) + "\n"
+
+
+# --- milestones: one row per phase, its headline ratio (the top README) ---------------------------
+SHORT_METRIC = {"itl_p99_ms": "inter-token gap p99", "ttft_p50_ms": "TTFT p50"}
+
+
+def setting_text(item: tuple) -> str:
+    """("batch", 1) -> "batch 1", ("concurrency", 64) -> "c=64", ("kv_cache_bytes", 2 << 30) -> "KV pool 2 GiB"."""
+    k, v = item
+    form = {"batch": "batch {}", **ROW_SETTINGS}.get(k)
+    return form.format(gib(v) if k == "kv_cache_bytes" else v) if form else f"{k}={v}"
+
+
+def milestones(records: list[dict]) -> str:
+    """A row per phase with a headline (HEADLINES) and records: the comparison, where it was
+    measured, and its same-run ratio with the run's A/A range, as the phase's headline states it."""
+    rows, devices = [], set()
+    for phase in sorted(p for p in HEADLINES if select(records, phase=p)):
+        workload, preset, setting, mine, base, device = HEADLINES[phase]
+        key = WORKLOADS[workload][0]
+        rec = newest(headline_records(records, phase))
+        other = baseline(records, rec, base)
+        where = ", ".join([*map(setting_text, setting.items()), preset]) if setting else f"{workload}, {preset}"
+        ratio = f"**{ratio_text(records, rec, other, key)}**" if rec and other else "no same-run measurement yet"
+        devices.add(f"{device}, {rec['dtype']}" if rec else device)
+        rows.append([f"[{phase}](phases/{phase}/README.md)", f"{mine} vs {base}",
+                     f"{SHORT_METRIC.get(key, WORKLOADS[workload][1])}, {where}", ratio])
+    if not rows:
+        return "_No results yet: run `make phase-NN bench`, then `make results`._"
+    caption = (f"Each phase's headline ({'; '.join(sorted(devices))}): one run's ratio per repeat pair, median "
+               "(min–max), above 1 where the phase is better (for a time, the baseline's over the phase's); "
+               "judged against that run's A/A range (the baseline built twice), *noise* unless the whole range "
+               "clears it and 1.0. Each phase README names the run and its command.")
+    return f"{caption}\n\n{table(['phase', 'comparison', 'metric, setting', 'ratio'], rows)}"
 
 
 # --- the A/A range with and without the bench's noise control (p10's "aa-noise" part) ---------------
@@ -759,18 +910,22 @@ def build(name: str, phase: str | None, records: list[dict], history: list[dict]
     """The generated body for marker `name` (None when the name is unknown here), followed by a
     line for every result file it should have read and could not."""
     body = build_body(name, phase, records, history)
-    return None if body is None else body + unreadable_note(list(unreadable), None if name == "ladder" else phase)
+    return None if body is None else body + unreadable_note(list(unreadable), None if name in ("ladder", "milestones") else phase)
 
 
 def build_body(name: str, phase: str | None, records: list[dict], history: list[dict] = ()) -> str | None:
     if name == "ladder":
         return ladder(records)
+    if name == "milestones":
+        return milestones(records)
     if phase and name == "headline":
         return headline(records, phase, list(history))
     if phase and name == "aa-noise":
         return aa_noise_table(records, list(history), phase)
-    if phase and name == "profile":
-        return profile_tables(records, phase)
+    if phase and name in ("profile", "profile-pair"):
+        return profile_tables(records, phase, name)
+    if phase and name == "graph-facts":
+        return graph_facts(records, phase)
     if phase and name == "peer":
         return peer_table(records, phase)
     if name == "parity":
@@ -807,7 +962,7 @@ def readmes(root: Path) -> list[tuple[Path, str | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if any README is stale")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if any README or the ladder page is stale")
     p.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
     args = p.parse_args(argv)
     unreadable: list = []
@@ -818,6 +973,8 @@ def main(argv: list[str] | None = None) -> int:
                      unreadable=unreadable)
         if refresh(path, new, args.check):
             stale.append(path.relative_to(args.root))
+    if (args.root / "results").is_dir() and refresh(args.root / LADDER_PAGE, ladder_page(records, unreadable), args.check):
+        stale.append(LADDER_PAGE)
     verb = "stale" if args.check else "updated"
     print(f"[report] {verb}: {', '.join(map(str, stale))}" if stale else "[report] README tables up to date")
     return 1 if args.check and stale else 0

@@ -7,7 +7,8 @@ with "|"; at most FIRST_SCREEN lines): a line starting with `**Idea:**`, the gen
 that it awaits one), a line starting with `**Reproduce:**` whose `make phase-NN bench PART=<part>`
 names this phase and a part of its bench.py (GPU_PARTS for a headline measured on a GPU, CPU_PARTS
 for one measured on a CPU), and a link to the phase's notebook. The whole README stays under
-MAX_LINES lines. The top README's "Reading the numbers" stays under READING_LINES lines.
+MAX_LINES lines. The top README's "Reading the numbers" stays under READING_LINES lines, and its
+opening counts the phases its course map links.
 """
 from __future__ import annotations
 
@@ -138,10 +139,23 @@ def test_reading_the_numbers_is_short_and_states_the_a_a_rule():
 
 
 def test_top_readme_first_screen():
-    """What it is, the two commands (and test-all), then the ladder, then the phase index."""
+    """What it is, the two commands (and test-all), then the course map, then the milestones
+    (generated), then the details; the full ladder lives on its own generated page."""
     text = (ROOT / "README.md").read_text()
     for needle in ("make run", "make test", "make test-all"):
         assert needle in text.split("## ")[0], f"README.md: {needle!r} is not in the opening"
-    ladder, index = text.find("<!-- results:ladder -->"), text.find("## Phases")
-    assert 0 < ladder < index, "README.md: the ladder comes before the phase index"
-    assert index < text.find("## Reading the numbers"), "README.md: the phase index comes before the details"
+    commands, index = text.find("```bash"), text.find("## Phases")
+    milestones = text.find("<!-- results:milestones -->")
+    assert 0 < commands < index < milestones < text.find("## Reading the numbers"), \
+        "README.md: the commands, the course map, the milestones, then 'Reading the numbers'"
+    assert "<!-- results:ladder -->" not in text and "(results/LADDER.md)" in text, "README.md: link the ladder page"
+    assert not re.search(r"\b[0-9a-f]{12}\b", text), "README.md: run ids belong in results/, not here"
+
+
+def test_top_readme_counts_the_built_phases():
+    """The opening says how many phases exist: one linked row of the course map per phase folder."""
+    text = (ROOT / "README.md").read_text()
+    opening = text.split("## ")[0]
+    assert re.search(rf"\b{len(PHASES)} phases are built\b", opening), f"README.md: say that {len(PHASES)} phases are built"
+    linked = re.findall(r"^\| \d\d \| \[(p\d\d_\w+)\]\(phases/", text, re.M)
+    assert linked == PHASES, "README.md: the course map links every built phase, and only those"

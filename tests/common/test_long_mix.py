@@ -119,6 +119,7 @@ def test_a_sweep_over_two_parts_shows_each_run_against_its_own_baseline():
     text = long_mix.results_table(first + second)
     assert "| llama-8b (mix-a) | 2048 |" in text and "| llama-8b (mix-b) | 1024 |" in text
     assert "2.00×" in text and "4.00×" in text          # each budget over its own run's p10, never across runs
+    assert "| p99/p50 |" in text and "| ITL p99 vs p10 | ITL p50 vs p10 |" in text   # the median beside the tail
     assert "PART=mix-a" in text and "PART=mix-b" in text
 
 

@@ -3,7 +3,7 @@ import json
 
 from common import report
 
-LADDER = "<!-- results:ladder -->\nstale text\n<!-- /results:ladder -->"
+MILESTONES = "<!-- results:milestones -->\nstale text\n<!-- /results:milestones -->"
 BEFORE_AFTER = "<!-- results:before-after -->\n<!-- /results:before-after -->"
 BANDWIDTH = 4e12
 
@@ -45,7 +45,7 @@ def make_repo(tmp_path):
         record("p02_next", "p02", "llama-1b", "offline", run="run-c", output_tok_s=5000.0, total_tok_s=9000.0)])
     for phase in ("p01_serial", "p02_next", "p03_unwritten"):
         (tmp_path / "phases" / phase).mkdir(parents=True)
-    (tmp_path / "README.md").write_text(f"# top\n\n{LADDER}\n\nafter\n")
+    (tmp_path / "README.md").write_text(f"# top\n\n{MILESTONES}\n\nafter\n")
     (tmp_path / "phases/p02_next/README.md").write_text(f"# p02\n{BEFORE_AFTER}\n")
     (tmp_path / "phases/p01_serial/README.md").write_text("# p01 without markers\n")
     return tmp_path
@@ -56,24 +56,54 @@ def rows(text):
 
 
 def test_ladder_ratios_come_from_each_phase_own_run(tmp_path):
+    """The ladder is its own page, results/LADDER.md, written by the run that rewrites the READMEs:
+    GPU rows only (a CPU's runs are not comparable across runs: the page says so), phase links
+    relative to results/, and the runs behind each absolute column named."""
     root = make_repo(tmp_path)
     assert report.main(["--root", str(root)]) == 0
-    text = (root / "README.md").read_text()
-    assert "stale text" not in text and text.endswith("<!-- /results:ladder -->\n\nafter\n")
-    h200, cpu = text.split("**cpu**")
+    h200 = (root / "results/LADDER.md").read_text()
+    assert h200.startswith("# The ladder") and "**cpu**" not in h200 and "tiny-llama" not in h200
+    assert "CPU numbers are not laddered" in h200
     assert rows(h200)[0].startswith("| phase | engine | model | decode tok/s | ms/token | % of roofline "
                                     "| vs previous phase | vs hf-static |")
     # p01 vs hf-static per repeat: 100/400, 90/400, 110/400; floor 1 ms at 10 ms/token -> 10%
-    assert rows(h200)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | llama-1b | 100 | 10.00 | 10.0% "
+    assert rows(h200)[1].startswith("| [p01_serial](../phases/p01_serial) | p01 | llama-1b | 100 | 10.00 | 10.0% "
                                     "| – | 0.25× (0.23–0.28) loss; no A/A |")
     # p02 vs p01 from p02's own run (2.5, 2.0, 3.0); no hf-static in that run: the cell stays empty
-    assert rows(h200)[2].startswith("| [p02_next](phases/p02_next) | p02 | llama-1b | 250 | 4.00 | 25.0% "
+    assert rows(h200)[2].startswith("| [p02_next](../phases/p02_next) | p02 | llama-1b | 250 | 4.00 | 25.0% "
                                     "| 2.50× (2.00–3.00); no A/A | – |")
     assert rows(h200)[2].endswith("| 5,000 | B / – / C |")       # each absolute column names its run
     assert "_Runs behind the absolute columns (latency / c / offline): A = run run-a (" in h200
     assert "`results/p01_serial/latency-h200.json` (`make phase-01 bench PART=latency`, git 0123456, " \
            "2030-01-02 UTC, NVIDIA H200)" in h200
-    assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | tiny-llama | 1,000 |")
+
+
+def test_milestones_give_each_phase_its_headline_ratio(tmp_path, monkeypatch):
+    """The top README's table: a row per phase with a headline and records, its same-run ratio as
+    the headline states it (no run ids), a link to the phase; a phase without a same-run baseline
+    says so."""
+    root = make_repo(tmp_path)
+    monkeypatch.setattr(report, "HEADLINES", {
+        "p01_serial": ("latency", "llama-1b", {"batch": 1}, "p01", "hf-static", "NVIDIA H200"),
+        "p02_next": ("latency", "llama-1b", {"batch": 1}, "p02", "p01", "NVIDIA H200"),
+        "p03_unwritten": ("latency", "llama-1b", {"batch": 1}, "p03", "p02", "NVIDIA H200")})
+    write(root, "p02_next/offline-h200.json", [record("p02_next", "p02", "llama-1b", "offline", run="run-c",
+                                                      output_tok_s=5000.0, total_tok_s=9000.0)])
+    assert report.main(["--root", str(root)]) == 0
+    text = (root / "README.md").read_text()
+    assert "stale text" not in text and text.endswith("<!-- /results:milestones -->\n\nafter\n")
+    assert rows(text) == [
+        "| phase | comparison | metric, setting | ratio |",
+        "| [p01_serial](phases/p01_serial/README.md) | p01 vs hf-static | decode tok/s, batch 1, llama-1b "
+        "| **0.25× (0.23–0.28) loss; no A/A** |",
+        "| [p02_next](phases/p02_next/README.md) | p02 vs p01 | decode tok/s, batch 1, llama-1b "
+        "| **2.50× (2.00–3.00); no A/A** |"]                  # p03 has no records: no row
+    assert "run-a" not in text and "run-b" not in text
+    monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "hf-static",
+                                                       "NVIDIA H200"))
+    assert "| no same-run measurement yet |" in report.milestones(report.load_records(root))
+    assert report.setting_text(("kv_cache_bytes", 2 << 30)) == "KV pool 2 GiB"
+    assert report.setting_text(("concurrency", 64)) == "c=64"
 
 
 def test_ratio_whose_range_includes_one_is_noise(tmp_path):
@@ -150,9 +180,9 @@ def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, mon
     write(root, "p02_next/history/latency-h200.json", older + other_part)
     text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
     assert text.startswith("**2.50× (2.00–3.00); no A/A** decode tok/s")
-    assert ("one run). Across the 2 runs of this part in results/ (git 0123456, 0123456, oldest first): "
-            "run medians 1.80–2.50×, repeat pairs 1.50–4.00×; the newest run's median lies inside the pairs of the "
-            "run before it (1.50–4.00×). Reproduce: `make phase-02 bench PART=latency`.") in text
+    assert ("one run). Across the 2 runs of this part in results/, all at the same code (git 0123456, 0123456, "
+            "oldest first): run medians 1.80–2.50×, repeat pairs 1.50–4.00×; the newest run's median lies inside "
+            "the pairs of the run before it (1.50–4.00×). Reproduce: `make phase-02 bench PART=latency`.") in text
     older[1]["samples"] = [{"repeat": i, "decode_tok_s": v} for i, v in enumerate([110.0, 120.0, 130.0])]
     write(root, "p02_next/history/latency-h200.json", older)
     text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
@@ -161,6 +191,48 @@ def test_headline_gives_the_spread_across_earlier_runs_of_its_part(tmp_path, mon
     runs = rows(report.runs_table(report.load_records(root) + report.load_history(root), "p02_next"))
     assert runs[0] == "| run (UTC) | git | repeats | p02 | p01 | A/A | p02 vs p01 |"
     assert [r.split(" | ")[-1] for r in runs[1:]] == ["1.20× (1.10–1.30) |", "2.50× (2.00–3.00) |"]  # oldest first
+
+
+def test_headline_does_not_judge_a_run_of_other_code(tmp_path, monkeypatch):
+    """An earlier run at another commit measured other code: the headline says the code changed
+    between the runs instead of calling the newest run's ratio a failed reproduction; runs at the
+    newest run's code are still compared with it."""
+    root = make_repo(tmp_path)
+    monkeypatch.setitem(report.HEADLINES, "p02_next", ("latency", "llama-1b", {"batch": 1}, "p02", "p01", "NVIDIA H200"))
+
+    def run(name, utc, sha, tok_s):
+        recs = [latency("p02_next", "p01", "llama-1b", 100.0, run=name, samples=[100.0] * 3),
+                latency("p02_next", "p02", "llama-1b", tok_s, run=name, samples=[tok_s, tok_s - 20, tok_s + 20])]
+        for r in recs:
+            r["provenance"] |= {"utc": utc, "git_sha": sha}
+        return recs
+    write(root, "p02_next/history/latency-h200.json", run("run-0", "2030-01-01T00:00:00+00:00", "fedcba9876543210", 120.0))
+    text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
+    assert ("one run). An earlier run of this part in results/ measured other code: the code changed between these "
+            "runs (git fedcba9 → 0123456), so it is not compared with this one (every run: "
+            "`results/p02_next/RUNS.md`). Reproduce:") in text
+    assert "Across" not in text and "outside" not in text
+    older = run("run-0", "2030-01-01T00:00:00+00:00", "fedcba9876543210", 120.0) \
+        + run("run-1", "2030-01-01T01:00:00+00:00", "0123456789abcdef", 240.0)
+    write(root, "p02_next/history/latency-h200.json", older)
+    text = report.headline(report.load_records(root), "p02_next", report.load_history(root))
+    assert "An earlier run of this part in results/ measured other code" in text
+    assert ("Across the 2 runs at this code (git 0123456, 0123456, oldest first): run medians 2.40–2.50×, repeat "
+            "pairs 2.00–3.00×; the newest run's median lies inside the pairs of the run before it (2.20–2.60×).") in text
+    dirty = run("run-2", "2030-01-01T02:00:00+00:00", "0123456789abcdef-dirty", 240.0)
+    assert report.code_of(dirty[1], "p02_next") != report.code_of(older[3], "p02_next")
+
+
+def test_headline_names_the_workload_and_part_of_a_setting_free_headline(tmp_path, monkeypatch):
+    rec = record("p11_x", "p11", "llama-1b", "long-mix", itl_p99_ms=10.0, samples=[10.0] * 3) | {"part": "long-mix"}
+    base = record("p11_x", "p10", "llama-1b", "long-mix", itl_p99_ms=20.0, samples=[20.0] * 3) | {"part": "long-mix"}
+    for r in (rec, base):
+        r["samples"] = [{"repeat": i, "itl_p99_ms": r["metrics"]["itl_p99_ms"]} for i in range(3)]
+    write(tmp_path, "p11_x/long-mix-h200.json", [rec, base])
+    monkeypatch.setitem(report.HEADLINES, "p11_x", ("long-mix", "llama-1b", {}, "p11", "p10", "NVIDIA H200"))
+    text = report.headline(report.load_records(tmp_path), "p11_x", [])
+    assert "(long-mix workload, PART=long-mix, llama-1b," in text and "standard set" not in text
+    assert text.startswith("**2.00× (2.00–2.00); no A/A**")
 
 
 def test_idempotent_and_check(tmp_path, capsys):
@@ -181,7 +253,7 @@ def test_unknown_marker_and_no_results(tmp_path):
     (tmp_path / "phases/p05_x").mkdir(parents=True)
     odd = "<!-- results:nonsense -->\nkeep\n<!-- /results:nonsense -->"
     (tmp_path / "phases/p05_x/README.md").write_text(f"{odd}\n{BEFORE_AFTER}\n")
-    (tmp_path / "README.md").write_text(LADDER)
+    (tmp_path / "README.md").write_text(MILESTONES)
     assert report.main(["--root", str(tmp_path)]) == 0
     text = (tmp_path / "phases/p05_x/README.md").read_text()
     assert odd in text and "No results yet: run `make phase-05 bench`" in text
@@ -201,7 +273,7 @@ def test_concurrency_rows_in_numeric_order(tmp_path):
     text = (tmp_path / "phases/p02_next/README.md").read_text()
     assert "throughput at fixed concurrency" in text
     assert rows(text) == [
-        "| model | p01 | **p02** | hf-generate | p02 ms/step (ITL p50) | A/A (same run) | p02 vs p01 | p02 vs hf-generate |",
+        "| model | p01 | **p02** | hf-generate | p02 ITL p50 ms | A/A (same run) | p02 vs p01 | p02 vs hf-generate |",
         "| llama-1b (c=8) | 80.0 | 400 | 160 | 20.00 | no A/A | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |",
         "| llama-1b (c=32) | 320 | 1,600 | 640 | 20.00 | no A/A | 5.00× (5.00–5.00) | 2.50× (2.50–2.50) |"]
 
@@ -253,7 +325,7 @@ def test_ladder_throughput_at_the_top_concurrency_and_no_empty_rows(tmp_path):
     write(root, "p02_next/concurrency-h200.json", conc)
     write(root, "p03_unwritten/gather-h200.json", [record("p03_unwritten", "p03", "llama-1b", "gather", step_ms=1.0)])
     report.main(["--root", str(root)])
-    h200 = (root / "README.md").read_text().split("**cpu**")[0]
+    h200 = (root / "results/LADDER.md").read_text()
     assert "| output tok/s at c=64 | vs previous phase at c=64 | offline output tok/s |" in rows(h200)[0]
     assert rows(h200)[2].endswith("| 6,400 | 10.00× (10.00–10.00); no A/A | 5,000 | B / C / D |")
     assert "p03_unwritten" not in h200
@@ -303,12 +375,14 @@ def test_variants_of_the_phase_engine_are_compared_with_it(tmp_path):
 
 def test_cpu_tables_have_no_roofline(tmp_path):
     """A CPU's small presets sit in its caches: no memory-copy floor, so no '% of roofline' column
-    in the CPU ladder or the CPU's per-phase latency table, while the GPU's keep theirs."""
+    in a CPU's ladder (p10 tables its own run's) or the CPU's per-phase latency table, while the
+    GPU's keep theirs."""
     root = make_repo(tmp_path)
     write(root, "p02_next/latency-cpu.json", [latency("p02_next", "p01", "tiny-llama", 900.0, device="cpu"),
                                               latency("p02_next", "p02", "tiny-llama", 1000.0, device="cpu")])
     assert report.main(["--root", str(root)]) == 0
-    h200, cpu = (root / "README.md").read_text().split("**cpu**")
+    records = report.load_records(root)
+    h200, cpu = report.ladder_device(records, "NVIDIA H200"), report.ladder_device(records, "cpu")
     assert "% of roofline" in rows(h200)[0] and "% of roofline" not in cpu
     assert rows(cpu)[1].startswith("| [p01_serial](phases/p01_serial) | p01 | tiny-llama | 1,000 | 1.00 | – |")
     phase_h200, phase_cpu = (root / "phases/p02_next/README.md").read_text().split("**cpu**")
@@ -324,7 +398,7 @@ def test_ladder_offline_cell_names_a_partial_set(tmp_path):
     part = record("p01_serial", "p01", "llama-1b", "offline", output_tok_s=86.0, setting={"requests": 8})
     write(root, "p01_serial/offline-h200.json", [part | {"scale": "small"}])
     assert report.main(["--root", str(root)]) == 0
-    h200 = (root / "README.md").read_text().split("**cpu**")[0]
+    h200 = (root / "results/LADDER.md").read_text()
     assert rows(h200)[1].endswith("| 86.0 (small, 8 requests) | A / – / A |")
     assert rows(h200)[2].endswith("| 5,000 | B / – / C |")                  # p02's whole set: no label
 
@@ -444,3 +518,36 @@ def test_profile_table_derives_gpu_idle_and_host_prepare_time(tmp_path):
     assert "| 1.20 | 20% | 29 |" in row
     _, cpu_row = rows(report.profile_table(records, "p14_graphs", "cpu"))
     assert "| 0.00 | – | 68 |" in cpu_row
+
+
+def test_profile_pair_table_adds_wall_time_per_kernel(tmp_path):
+    """`results:profile-pair`: the step with and without the idea, one row each, with the wall time
+    over the kernels launched (the host's cost per launch where the GPU idles)."""
+    def prof(graph, wall, kernels):
+        rec = record("p14_graphs", "p14", "llama-1b", "profile-pair", gpu_busy_ms=1.0, wall_ms_per_step=wall,
+                     kernels_per_step=kernels)
+        return rec | {"setting": {"batch": 1, "cuda_graph": graph}}
+    write(tmp_path, "p14_graphs/profile-pair-h200.json", [prof(False, 8.0, 160.0), prof(True, 1.6, 160.0)])
+    body = report.build_body("profile-pair", "p14_graphs", report.load_records(tmp_path))
+    header, eager, graph = rows(body)
+    assert header.startswith("| model | batch | cuda_graph | wall ms/step |") and header.endswith("| wall µs / kernel |")
+    assert eager.startswith("| llama-1b | 1 | False | 8.00 | 160 | 1.00 | 88% |") and eager.endswith("| 50 |")
+    assert graph.endswith("| 10 |")
+    assert "with and without the phase's idea" in body
+    assert "make phase-14 bench PART=profile-pair" in report.build_body("profile-pair", "p14_graphs", [])
+
+
+def test_graph_facts_give_the_range_over_the_engines_built(tmp_path):
+    """`results:graph-facts`: the graph pool and capture time every engine of the phase's current
+    GPU records wrote, as ranges; a CPU's records and engines without graphs are left out."""
+    def built(preset, mib, seconds, device="NVIDIA H200"):
+        rec = record("p14_graphs", "p14", preset, "latency", device=device, decode_tok_s=1.0)
+        return rec | {"engine_facts": {"graph_memory_bytes": mib * 2**20, "capture_seconds": seconds}}
+    write(tmp_path, "p14_graphs/latency-h200.json", [
+        built("llama-1b", 216, 0.3), built("llama-8b", 284, 6.0),
+        record("p14_graphs", "p13", "llama-1b", "latency", decode_tok_s=1.0) | {"engine_facts": {}}])
+    write(tmp_path, "p14_graphs/latency-cpu.json", [built("tiny-llama", 9000, 99.0, device="cpu")])
+    text = report.build_body("graph-facts", "p14_graphs", report.load_records(tmp_path))
+    assert text.startswith("Over the 2 engines built by this phase's current GPU records (llama-1b, llama-8b): "
+                           "graph pool 216–284 MiB, warm-up and capture 0.3–6.0 s.")
+    assert "latency-cpu.json" not in text

@@ -108,3 +108,15 @@ def test_speed_engines_prefill_every_prompt_in_one_step():
     assert spec_decode.one_step_budget([[1] * 512], args) == 2048          # never below the default
     engine = spec_decode.build("p13 speculative=ngram", "tiny-llama", args, [[1] * 300] * 8, [])
     assert engine.config.max_num_batched_tokens == 8 * 300 + 8 * 5
+
+
+def test_headline_reads_no_speed_ratio_where_nothing_was_drafted():
+    """A prompt set that barely drafted (tokens per target step near 1) gives acceptance and tokens
+    per step only: a TPOT ratio there would measure the host, not speculation."""
+    records = read_records(PHASE)
+    if spec_decode.headline(records).startswith("_No acceptance run"):
+        return
+    none = spec_decode.headline(records, min_tokens_per_step=100.0)
+    assert "The grounded and open-ended prompts barely speculated" in none and "TPOT" not in none
+    both = spec_decode.headline(records, min_tokens_per_step=0.0)
+    assert "barely" not in both and "(grounded) and " in both and "(open-ended); A/A" in both
