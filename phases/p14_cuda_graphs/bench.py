@@ -130,8 +130,8 @@ GPU_PARTS = {
     "serving-8b": serving("llama-8b", "1,64"),
     "profile-pair": profile_part(PHASE, [(ENGINE, {"attention_backend": "triton", "cuda_graph": False}),
                                          (ENGINE, {"attention_backend": "triton", "cuda_graph": True})]),
-    "fusion": standard("latency", "llama-1b", engines=FUSION),
-    "fusion-8b": standard("latency", "llama-8b", engines=FUSION),
+    "fusion": standard("latency", "llama-1b", "--file", "fusion", engines=FUSION),
+    "fusion-8b": standard("latency", "llama-8b", "--file", "fusion", engines=FUSION),
     "parity": greedy_parity.part(PHASE),
     "self-draft": self_draft,
 }
