@@ -205,10 +205,12 @@ def record(label: str, setting: dict, samples: list[dict], preset: str, args, ru
 def acceptance(args, run: dict) -> list[dict]:
     tok = resolve("smollm2-135m").tokenizer
     out, records = result_file(args), []
+    sets = {name: [tok.chat_ids(t) for t in texts] for name, texts in PROMPT_SETS.items()}
+    every = [p for prompts in sets.values() for p in prompts]       # a GPU pool sized for all of them
     for preset in args.presets:
-        engines = {spec: build(spec, preset, args, [], []) for spec in args.engines}
-        for name, texts in PROMPT_SETS.items():
-            prompts = [tok.chat_ids(t) for t in texts]
+        engines = {spec: build(spec, preset, args, every, [workloads.greedy(MAX_TOKENS[args.scale])] * len(every))
+                   for spec in args.engines}
+        for name, prompts in sets.items():
             params = [workloads.greedy(MAX_TOKENS[args.scale])] * len(prompts)
             configs = [(spec, engine, options(spec)) for spec, engine in engines.items()]
             records += measure_all(preset, args, configs, prompts, params, False, run, "acceptance", out,
