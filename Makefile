@@ -49,6 +49,13 @@ setup: $(STAMP)
 JOBS ?= auto
 WORKERS := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --maxprocesses 8 --dist loadscope)
 
+# The chat of `make run` samples with SmolLM2-135M-Instruct's recommended settings, from its model
+# card's example (generate(..., temperature=0.2, top_p=0.9, do_sample=True)); neither the packaged
+# GGUF nor the converted generation_config.json names any. Greedy decoding loops on a long reply
+# of a model this small. ARGS="--temperature 0" decodes greedily (the later flag wins), and each
+# reply samples with a seed of its own (common/chat.py; ARGS="--seed N" replays a session).
+CHAT_SAMPLING := --temperature 0.2 --top-p 0.9
+
 # --- one phase: make phase-NN run|bench|test|profile -------------------------------------
 PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
 ifneq ($(PHASE_GOAL),)
@@ -59,7 +66,7 @@ ARGS ?=
 $(PHASE_GOAL): setup
 	@test -n "$(PHASE)" || { echo "no phase folder matches $(PHASE_GOAL)"; ls phases; exit 2; }
 ifeq ($(ACTION),run)
-	@$(PY) -m phases.$(PHASE) --chat $(ARGS)
+	@$(PY) -m phases.$(PHASE) --chat $(CHAT_SAMPLING) $(ARGS)
 else ifeq ($(ACTION),bench)
 	$(PY) -m phases.$(PHASE).bench $(if $(PART),--part $(PART)) $(ARGS)
 else ifeq ($(ACTION),test)
@@ -81,7 +88,7 @@ run bench test profile serve kernel:
 	@:
 else
 run: setup
-	@$(PY) -m phases.$(NEWEST) --chat $(ARGS)
+	@$(PY) -m phases.$(NEWEST) --chat $(CHAT_SAMPLING) $(ARGS)
 
 test: setup
 	$(PY) -m pytest tests $(WORKERS) $(ARGS)
@@ -91,8 +98,9 @@ test-all: setup
 endif
 
 # --- make diff-NN: phase NN-1 vs phase NN, without results and READMEs ---------------------
-# The engine's files first, then the phase's tooling (its benchmark and kernel scripts), under one
-# header line with both counts. -N shows an added or deleted file in full, and the counts are
+# The engine's files first, in the order the phase's CHANGES lists them (its core file first, then
+# any other changed file by name), then the phase's tooling (its benchmark and kernel scripts),
+# under one header line with both counts. -N shows an added or deleted file in full, and the counts are
 # tests/test_lineage.py's (+/- lines inside hunks), so the lines a reader sees are the lines the
 # lineage test counts; it checks the header too.
 TOOLING := bench.py kernel_bench.py
@@ -101,7 +109,12 @@ diff-%:
 	@n=$$((10#$*)); prev=$$(printf 'p%02d_' $$((n - 1))); cur=$$(printf 'p%02d_' $$n); \
 	a=$$(ls -d phases/$${prev}* 2>/dev/null); b=$$(ls -d phases/$${cur}* 2>/dev/null); \
 	test -n "$$a" -a -n "$$b" || { echo "need phases $${prev}* and $${cur}*"; exit 2; }; \
-	engine=$$(diff -ruN -x README.md -x CHANGES -x __pycache__ $(TOOLING:%=-x %) $$a $$b); \
+	engine=$$(for f in $$({ sed 's/#.*//' $$b/CHANGES | awk 'NF == 2 {print $$2}'; \
+		find $$a $$b -type f | sed "s|^$$a/||; s|^$$b/||" | sort; } | awk '!seen[$$0]++'); do \
+		case " README.md CHANGES $(TOOLING) " in *" $$(basename $$f) "*) continue;; esac; \
+		case "/$$f/" in */__pycache__/*) continue;; esac; \
+		if { test -e $$a/$$f || test -e $$b/$$f; } && ! cmp -s $$a/$$f $$b/$$f; then \
+		echo "diff -uN $$a/$$f $$b/$$f"; diff -uN $$a/$$f $$b/$$f; fi; done); \
 	tooling=$$(for f in $(TOOLING); do if { test -e $$a/$$f || test -e $$b/$$f; } && ! cmp -s $$a/$$f $$b/$$f; then \
 		echo "diff -uN $$a/$$f $$b/$$f"; diff -uN $$a/$$f $$b/$$f; fi; done); \
 	echo "$$(basename $$b) vs $$(basename $$a): $$($(COUNT_CHANGED) <<< "$$engine") engine lines changed;" \

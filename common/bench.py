@@ -5,13 +5,14 @@
 
 The engines of one call are one comparison, measured in one run (one run id in every record):
 for each preset they are built side by side, each with a KV pool sized for the workload so that
-they share the device, warmed up, and then measured in repeat rounds, interleaved: in round i
-every engine runs every setting once, the engines' order rotated by one each round (A B C, B C A,
-C A B, ...), so that no engine always runs first or always right after the same neighbour. The
-host's launch rate and the GPU's clocks drift over minutes; engines measured in the same minutes
-share the drift, so the ratio of two engines is taken per round (common.stats) and quoted with its
-range. Each record keeps its samples, their medians (metrics) and min-max (spread). The engines are
-freed before the next preset.
+they share the device, warmed up on the workload itself in short (common.measure.warm_up: its
+requests, a few new tokens each, so that round 0 is no cold start), and then measured in repeat
+rounds, interleaved: in round i every engine runs every setting once, the engines' order rotated
+by one each round (A B C, B C A, C A B, ...), so that no engine always runs first or always right
+after the same neighbour. The host's launch rate and the GPU's clocks drift over minutes; engines
+measured in the same minutes share the drift, so the ratio of two engines is taken per round
+(common.stats) and quoted with its range. Each record keeps its samples, their medians (metrics)
+and min-max (spread). The engines are freed before the next preset.
 
 An A/A control rides in every comparison: the baseline listed twice, the second time with the
 suffix "#2" ("p05,p05#2,p06"), is built twice the same way and measured like the others. The

@@ -9,16 +9,23 @@ implementation serves every phase, through what its engine already has:
 Typed at a terminal it is an interactive chat (a prompt, a footer per reply, /reset, /exit,
 Ctrl-C stops a reply). With standard input from a pipe or a file, every line is one user turn and
 standard output gets the replies only, one per turn, so `echo "Tell me a joke" | make run` works.
+
+Decoding is the command line's: `make run` passes the model card's sampling settings (the
+Makefile's CHAT_SAMPLING), `--temperature 0` decodes greedily. A sampled reply gets a seed of
+its own, the session's seed plus the reply's number: --seed S replays a session reply by reply,
+and without it each session draws a fresh seed (the terminal's first line names it).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import random
 import sys
 from typing import Callable, TextIO
 
 from .detokenizer import ReplyText
 from .output import Output
-from .sampling import SamplingParams
+from .sampling import SEED_LIMIT, SamplingParams
 
 PROMPT = ">>> "
 CHAT_MAX_TOKENS = 512      # a reply's default budget: room for a normal answer to end by itself
@@ -147,6 +154,31 @@ def _serial_reply(engine, prompt_ids, params, on_tokens) -> Output:
     return engine.generate(prompt_ids, params, on_token=on_tokens)[0]
 
 
+# --- decoding -------------------------------------------------------------------------------------
+
+def session_seed(params: SamplingParams) -> int:
+    """The seed of a session's first reply: --seed's, or a fresh one per session."""
+    return params.seed if params.seed is not None else random.SystemRandom().randrange(2**32)
+
+
+def reply_params(params: SamplingParams, seed: int, index: int) -> SamplingParams:
+    """Reply `index`'s sampling: its own seed (seed + index), so it draws the same samples
+    whatever the replies before it drew from the engine; greedy replies need none."""
+    if params.greedy:
+        return params
+    return dataclasses.replace(params, seed=(seed + index) % SEED_LIMIT)
+
+
+def describe(params: SamplingParams, seed: int) -> str:
+    """The session's decoding, for the terminal's first line."""
+    if params.greedy:
+        return "Greedy decoding"
+    filters = "".join(f", {name} {value:g}" for name, value, off in
+                      (("top_p", params.top_p, 1.0), ("top_k", params.top_k, 0)) if value != off)
+    return (f"Sampling at temperature {params.temperature:g}{filters}, seed {seed} + reply number "
+            f"(--temperature 0: greedy)")
+
+
 # --- the session --------------------------------------------------------------------------------
 
 class ChatSession:
@@ -158,11 +190,12 @@ class ChatSession:
         self.interactive = stdin.isatty()
         self.info = stdout if self.interactive else stderr     # notes never mix with piped replies
         self.conversation = Conversation(engine.tokenizer)
+        self.seed, self.replies = session_seed(params), 0       # replies so far: the next one's number
 
     def run(self) -> None:
         if self.interactive:
             import readline  # noqa: F401 - line editing and history for input()
-            self.note(f"Chat with {self.engine.config.model}. {HELP}.")
+            self.note(f"Chat with {self.engine.config.model}. {describe(self.params, self.seed)}. {HELP}.")
         while (line := self.read_line()) is not None:
             command = line.strip()
             if command == "/exit":
@@ -205,8 +238,9 @@ class ChatSession:
         """Stream the reply. Ctrl-C stops it; the part already shown stays in the history, since
         that is what the user saw (a reply stopped before any text takes its question with it)."""
         stream = TextStream(self.engine.tokenizer, self.write, self.params.stop)
+        params, self.replies = reply_params(self.params, self.seed, self.replies), self.replies + 1
         try:
-            out = stream_reply(self.engine, prompt_ids, self.params, stream.update)
+            out = stream_reply(self.engine, prompt_ids, params, stream.update)
             stream.finish(out.text)
         except KeyboardInterrupt:
             out = None

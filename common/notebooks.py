@@ -79,10 +79,17 @@ def kernel_name() -> str:
     return OWN_KERNEL
 
 
+# matplotlib's inline backend: a figure a cell shows (plt.show(), or left open at the cell's end)
+# lands in the cell's output as image/png, so the executed notebook carries its plots. Agg, the
+# headless default, would draw nothing there.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
 def kernel_env() -> dict:
-    """The kernel's environment: repo importable, plots to files, no hub access."""
+    """The kernel's environment: repo importable, figures inline (whatever MPLBACKEND says
+    outside), no hub access."""
     path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
-    return os.environ | {"PYTHONPATH": path, "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+    return os.environ | {"PYTHONPATH": path, "MPLBACKEND": INLINE_BACKEND, "HF_HUB_OFFLINE": "1",
                          "TRANSFORMERS_OFFLINE": "1"}
 
 

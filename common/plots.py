@@ -1,4 +1,4 @@
-"""Small matplotlib helpers for the notebooks (Agg backend: files, no windows).
+"""Small matplotlib helpers for the notebooks (inline in a notebook; elsewhere Agg: files, no windows).
 
 Every helper takes result records (common.report.load_records) already narrowed to one device and
 one workload, draws on a given Axes and puts the device in the title, so no plot hides where it ran.
@@ -16,7 +16,11 @@ from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
+# Agg (files, no windows) unless a backend was asked for: a notebook's kernel asks for the inline
+# one (common.notebooks.kernel_env), which puts every figure a cell shows or leaves open into the
+# cell's output; under Agg, plt.show() draws nothing and the executed notebook holds no image.
+if not os.environ.get("MPLBACKEND"):
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402  (after choosing the backend)
 
 from .report import (aa_ratio, is_twin, metric, newest, order_devices, order_engines, order_presets,  # noqa: E402

@@ -27,7 +27,7 @@ DIFF_CAP_EXCEPTIONS: dict[str, int] = {
                                    # a refused request named by its index)
     "p09_http_serving": 1150,   # a server is its own layer: the engine loop's process and its queues, OpenAI's
                                 # protocol and errors, SSE streaming with disconnects, Prometheus metrics
-    "p13_speculative_decoding": 560,   # speculation keeps state per request (drafts in flight, a draft model's own
+    "p13_speculative_decoding": 570,   # speculation keeps state per request (drafts in flight, a draft model's own
                                        # pool): recovery after a failure and the accounting check cover it too
     "p14_cuda_graphs": 740,   # once a graph removes the launches, a step costs its kernels: the graphs beat the peer's
                               # only with the small neighbours fused (rotary + K/V store, residual add + norm, SiLU * mul),
@@ -131,7 +131,8 @@ def diff_counts(prev: Path, cur: Path) -> tuple[int, int]:
 def test_make_diff_shows_every_counted_line(prev, cur):
     """`make diff-NN` is what a reader studies: added and deleted files appear in full, so the
     changed lines it prints are exactly the lines this test file counts; the engine's files come
-    first, the tooling after them, and the header line gives both counts."""
+    first, in the order the phase's CHANGES lists them (its core file first), the tooling after
+    them, and the header line gives both counts."""
     root = PHASES[0].parent.parent
     out = subprocess.run(["make", "-s", "--no-print-directory", f"diff-{cur.name[1:3]}"], cwd=root,
                          capture_output=True, text=True, check=True).stdout.splitlines()
@@ -143,3 +144,5 @@ def test_make_diff_shows_every_counted_line(prev, cur):
     files = [Path(line.split()[-1]).name for line in out if line.startswith("diff ")]
     is_tooling = [name in TOOLING for name in files]
     assert is_tooling == sorted(is_tooling), f"tooling shown before engine files: {files}"
+    listed = [path for path in parse_changes(cur) if Path(path).name not in TOOLING]
+    assert files[:len(listed)] == [Path(path).name for path in listed], f"not in CHANGES order: {files}"

@@ -158,39 +158,69 @@ def test_offline_requests_sets_the_size_and_the_setting(tmp_path):
         run(tmp_path, "--workload", "latency", "--presets", "tiny-llama", "--engines", "p03", "--requests", "4")
 
 
+class Recorder:
+    """An engine that records the prompts and new-token budgets of every generate() call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append((list(prompts), [p.max_tokens for p in params]))
+        return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.0, "itl": [], "token_times": [0.0, 1e-3]})()
+                for p in params]
+
+
+@pytest.mark.parametrize("work", [workloads.offline("small"), workloads.concurrency(24, "small")], ids=["offline", "c=24"])
+def test_warm_up_runs_the_workload_in_short_twice(work):
+    """Every request of the workload (the batch the clock sees), WARMUP_TOKENS new tokens each,
+    twice: the first run as a timed round leaves the prefix cache, the second meeting its hits."""
+    engine = Recorder()
+    measure.warm_up(engine, work)
+    short = (work.prompts, [min(p.max_tokens, measure.WARMUP_TOKENS) for p in work.params])
+    assert engine.calls == [short, short] and set(short[1]) == {measure.WARMUP_TOKENS}
+
+
+def test_latency_warm_up_then_runs_the_request_in_full():
+    """One request: in short twice, then once in full (every context length the clock decodes)."""
+    work, engine = workloads.latency(), Recorder()
+    measure.warm_up(engine, work)
+    assert engine.calls == [(work.prompts, [measure.WARMUP_TOKENS])] * 2 + [(work.prompts, [256])]
+
+
 def test_offline_warm_up_reaches_every_replica():
-    """The warm-up sends several requests, and p04's router gives two of them to two replicas."""
+    """p04's router gives the warm-up's requests to both replicas (one request would warm one)."""
     from phases.p04_replica_pipeline.router import least_outstanding_tokens
-
-    class Recorder:
-        def __init__(self):
-            self.calls = []
-
-        def generate(self, prompts, params, use_tqdm=False):
-            self.calls.append(len(prompts))
-            return [type("Out", (), {"token_ids": [0] * p.max_tokens, "ttft": 0.0, "itl": [], "token_times": [0.0, 1e-3]})() for p in params]
 
     work, engine = workloads.offline("small"), Recorder()
     measure.warm_up(engine, work)
     measure.throughput_sample(engine, work, "cpu")
-    assert engine.calls == [measure.WARMUP_REQUESTS, len(work.requests)]
-    costs = [len(p) + 8 for p in work.prompts[:measure.WARMUP_REQUESTS]]
+    assert [len(prompts) for prompts, _ in engine.calls] == [len(work.requests)] * 3
+    costs = [len(p) + measure.WARMUP_TOKENS for p in work.prompts]
     assert all(least_outstanding_tokens(costs, 2))          # neither replica is left cold
 
 
-def test_concurrency_warm_up_runs_the_whole_level_once():
-    """At fixed concurrency the warm-up runs all c requests together (8 tokens each): the batch
-    size the clock sees has run before the first round."""
-    prompts = []
+def cached_prompt_tokens(engine, work) -> int:
+    """One round of `work` through the step API: the prompt tokens its requests read from the
+    prefix cache."""
+    ids = {engine.add_request(prompt, params) for prompt, params in work.requests}
+    seqs = [seq for seq in engine.scheduler.waiting if seq.seq_id in ids]
+    while engine.has_unfinished():
+        engine.step()
+    return sum(seq.num_cached_tokens or 0 for seq in seqs)
 
-    class Recorder:
-        def generate(self, ps, params, use_tqdm=False):
-            prompts.append(ps)
-            assert {p.max_tokens for p in params} == {8}
 
-    work = workloads.concurrency(3 * measure.WARMUP_REQUESTS, "small")
-    measure.warm_up(Recorder(), work)
-    assert prompts == [work.prompts]
+def test_round_0_meets_the_prefix_cache_the_later_rounds_meet():
+    """With prefix caching (phase 12 on) a timed round reads its prompts from the cache the round
+    before it left. The warm-up leaves the cache as a round leaves it, so round 0 reads what the
+    rounds after it read (a warm-up of the first 8 requests left round 0 to prefill the others)."""
+    from phases.p12_prefix_caching import LLM
+
+    work = workloads.Workload("offline", [(prompt, workloads.greedy(16)) for prompt in
+                                          workloads.offline("small", num_requests=10).prompts])
+    engine = LLM("tiny-llama", device="cpu", kv_cache_bytes=measure.kv_budget_bytes("tiny-llama", torch.float32, [work]))
+    measure.warm_up(engine, work)
+    rounds = [cached_prompt_tokens(engine, work) for _ in range(2)]
+    assert rounds[0] == rounds[1] > 0.9 * work.prompt_tokens
 
 
 def test_engines_are_interleaved_round_by_round(tmp_path, monkeypatch):

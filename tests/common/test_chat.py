@@ -6,14 +6,16 @@ import builtins
 import importlib
 import io
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from common.chat import TextStream, chat, check_streamable, stream_reply
-from common.sampling import SamplingParams
+from common import chat as chat_module
+from common.chat import TextStream, chat, check_streamable, reply_params, stream_reply
+from common.sampling import SEED_LIMIT, SamplingParams
 from tests.reference import real_pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,3 +183,72 @@ def test_piped_command_line_answers_and_exits_0_at_eof():
                           encoding="utf-8", env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout and done.stdout.count("\n") == 1
+
+
+# --- decoding: `make run` samples with the model card's settings, one seed per reply ----------------
+
+def make_run_argv(*make_args: str) -> list[str]:
+    """The phase's arguments in the command `make run` would run (make -n prints it)."""
+    printed = subprocess.run(["make", "-n", "--no-print-directory", "run", *make_args], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    line = next(line for line in printed.splitlines() if " -m phases." in line and "--chat" in line)
+    argv = shlex.split(line)
+    return argv[argv.index("-m") + 2:]
+
+
+def test_make_run_samples_with_the_model_cards_settings_and_greedy_is_one_flag_away():
+    """SmolLM2-135M-Instruct's card samples at temperature 0.2, top_p 0.9 (the Makefile's
+    CHAT_SAMPLING); ARGS="--temperature 0" is greedy again. Every phase's CLI takes both flags."""
+    cli = importlib.import_module("phases.p14_cuda_graphs.__main__")
+    args = cli.parse_args(make_run_argv())
+    assert args.chat and (args.temperature, args.top_p, args.top_k, args.seed) == (0.2, 0.9, 0, None)
+    greedy = cli.parse_args(make_run_argv("ARGS=--temperature 0 --seed 3"))
+    assert (greedy.temperature, greedy.seed) == (0.0, 3)
+    for phase in sorted(p.name for p in (ROOT / "phases").glob("p[0-9][0-9]_*")):
+        parsed = importlib.import_module(f"phases.{phase}.__main__").parse_args(make_run_argv())
+        assert (parsed.temperature, parsed.top_p) == (0.2, 0.9), phase
+
+
+def test_each_sampled_reply_has_a_seed_of_its_own():
+    """Reply i samples with seed + i (so it draws what it would draw alone, whatever the replies
+    before it drew); --seed replays a session; without one each session draws a fresh seed;
+    greedy replies are left as they are."""
+    params = SamplingParams(temperature=0.2, top_p=0.9, max_tokens=8)
+    assert [reply_params(params, 5, i).seed for i in range(3)] == [5, 6, 7]
+    assert reply_params(params, SEED_LIMIT - 1, 1).seed == 0
+    assert reply_params(PARAMS, 5, 1) is PARAMS
+    assert chat_module.session_seed(SamplingParams(temperature=0.2, seed=11)) == 11
+    assert len({chat_module.session_seed(params) for _ in range(4)}) > 1
+
+
+def test_a_sampled_session_is_generate_with_one_seed_per_reply(engine):
+    """Piped, two turns at temperature 1 with --seed 7: the replies are generate()'s with seeds 7
+    and 8, and the same session run again gives the same replies."""
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=7)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    chat(engine, params, io.StringIO(f"{FRANCE}\n{GERMANY}\n"), stdout, stderr)
+    first, second = stdout.getvalue().split("\n")[:2]
+
+    def reply(messages, seed):
+        ids = engine.tokenizer.messages_ids([{"role": r, "content": c} for r, c in messages])
+        return engine.generate(ids, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=seed))[0].text
+    assert first == reply([("user", FRANCE)], 7)
+    assert second == reply([("user", FRANCE), ("assistant", first), ("user", GERMANY)], 8)
+    again = io.StringIO()
+    chat(engine, params, io.StringIO(f"{FRANCE}\n{GERMANY}\n"), again, io.StringIO())
+    assert again.getvalue() == stdout.getvalue()
+
+
+def test_the_terminal_names_the_decoding(engine, monkeypatch):
+    """The first line says how replies are decoded: the sampling settings and the session's seed,
+    or greedy."""
+    monkeypatch.setattr(builtins, "input", lambda prompt: (_ for _ in ()).throw(EOFError))
+    lines = {}
+    for name, params in (("sampled", SamplingParams(temperature=0.2, top_p=0.9, max_tokens=8, seed=42)),
+                         ("greedy", PARAMS)):
+        stdout = io.StringIO()
+        chat(engine, params, Terminal(), stdout, io.StringIO())
+        lines[name] = stdout.getvalue().splitlines()[0]
+    assert "Sampling at temperature 0.2, top_p 0.9, seed 42 + reply number (--temperature 0: greedy)" in lines["sampled"]
+    assert lines["greedy"].startswith("Chat with smollm2-135m. Greedy decoding.")
+

@@ -35,6 +35,11 @@ def errors_of(nb) -> list:
     return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
 
 
+def images_of(nb) -> list:
+    """The PNG figures a notebook's code cells hold in their outputs."""
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+
+
 # Before each notebook in the shared kernel: a namespace as a fresh kernel's, no figure left open,
 # the repository root as working directory and the notebook's own figures folder.
 FRESH = "_FRESH_NAMES = set(globals()) | {'_FRESH_NAMES'}"
@@ -108,8 +113,23 @@ def test_notebook_executes(path, tmp_path, monkeypatch, request, one_kernel_runs
         nb = one_kernel_runs[path]
     assert not errors_of(nb)
     assert sum(bool(c.outputs) for c in nb.cells if c.cell_type == "code") > 0
+    assert images_of(nb), f"{path.name} drew no figure into its outputs (plt.show() under Agg draws nothing)"
     STAMPS.mkdir(parents=True, exist_ok=True)
     stamp.write_text(digest)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_notebook_holds_its_figures(path):
+    """The committed notebooks are executed ones (`make results`), read where they are stored,
+    without a kernel: each holds at least one figure as an image/png output."""
+    nb = nbformat.read(path, as_version=4)
+    assert images_of(nb), f"{path.name} holds no image/png output: run `python -m common.notebooks {path.stem}`"
+
+
+def test_the_kernel_draws_figures_inline():
+    """The kernel's matplotlib backend is the inline one, whatever MPLBACKEND says outside it
+    (under Agg, plt.show() draws nothing into the notebook)."""
+    assert notebooks.kernel_env()["MPLBACKEND"] == notebooks.INLINE_BACKEND
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
