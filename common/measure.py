@@ -17,8 +17,18 @@ MAX_IN_FLIGHT = 256          # the engines' default max_num_seqs: more requests 
 WARMUP_TOKENS = 8            # new tokens per request in the warm-up's short version of a workload
 
 
+def cold_cache(engine) -> None:
+    """Empty an engine's prefix cache (phase 12 on) before a sample: the rounds repeat the same
+    prompts, and a round that read the previous round's blocks would time a cached prefill, not the
+    workload's. (The shared-prefix workload measures the cache itself: common/shared_prefix.py.)"""
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if callable(reset):
+        reset()
+
+
 def latency_sample(engine, work, device: str) -> dict:
     """One batch-1 run: prefill time and steady decode tok/s from the per-token times."""
+    cold_cache(engine)
     synchronize(device)
     out = engine.generate(work.prompts, work.params)[0]
     t = out.token_times
@@ -33,6 +43,7 @@ def throughput_sample(engine, work, device: str) -> dict:
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     preempted = preemptions(engine)
+    cold_cache(engine)
     synchronize(device)
     start = time.perf_counter()
     outs = engine.generate(work.prompts, work.params)
