@@ -332,8 +332,9 @@ def make_workloads(args) -> list[tuple[workloads.Workload, dict]]:
         length = {"prompt_len": args.prompt_len} if args.prompt_len else {}
         return [(workloads.concurrency(c, args.scale, prompt_len=args.prompt_len), {"concurrency": c} | length)
                 for c in args.concurrency]
-    if args.workload == "latency":
-        return [(workloads.latency(), {"batch": 1})]
+    if args.workload == "latency":      # batch 1; a long prompt: decode over a long context
+        length = {"prompt_len": args.prompt_len} if args.prompt_len else {}
+        return [(workloads.latency(args.prompt_len or 32), {"batch": 1} | length)]
     if args.requests:   # a non-standard size is another measurement: it goes into the setting
         return [(workloads.offline(args.scale, num_requests=args.requests), {"requests": args.requests})]
     return [(workloads.offline(args.scale), {})]
@@ -415,7 +416,7 @@ def parse_args(argv):
     p.add_argument("--requests", type=int, default=None,
                    help="offline workload: this many requests instead of the scale's (same distributions)")
     p.add_argument("--prompt-len", type=int, default=None,
-                   help="concurrency workload: prompts of this many tokens instead of the scale's (long contexts)")
+                   help="latency or concurrency workload: prompts of this many tokens (long contexts)")
     p.add_argument("--repeats", type=int, default=None, help="rounds of every engine (default by workload and scale)")
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -443,8 +444,8 @@ def parse_args(argv):
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.requests is not None and (args.requests < 1 or args.workload != "offline"):
         p.error(f"--requests takes a positive count and the offline workload, got {args.requests}")
-    if args.prompt_len is not None and (args.prompt_len < 1 or args.workload != "concurrency"):
-        p.error(f"--prompt-len takes a positive length and the concurrency workload, got {args.prompt_len}")
+    if args.prompt_len is not None and (args.prompt_len < 1 or args.workload == "offline"):
+        p.error(f"--prompt-len takes a positive length and the latency or concurrency workload, got {args.prompt_len}")
     if min(args.concurrency) < 1 or (args.repeats is not None and args.repeats < 1):
         p.error(f"--concurrency levels and --repeats must be positive, got {args.concurrency}, {args.repeats}")
     return args

@@ -114,14 +114,19 @@ def test_concurrency_runs_each_level_with_identical_lengths(tmp_path):
 
 def test_long_prompts_are_another_setting(tmp_path, capsys):
     """--prompt-len replaces the prompt length (not the output's) and goes into the setting, so the
-    report keeps long-context rows apart from the standard ones; it takes the concurrency workload."""
+    report keeps long-context rows apart from the standard ones; it takes the concurrency and the
+    latency workload (batch 1 over a long context), not offline's (its lengths are its own)."""
     records = run(tmp_path, "--workload", "concurrency", "--concurrency", "2", "--prompt-len", "100",
                   "--presets", "tiny-llama", "--engines", "p01", "--repeats", "1")
     _, max_tokens = workloads.CONCURRENCY_LENS["small"]
     assert [r["setting"] for r in records] == [{"concurrency": 2, "prompt_len": 100}]
     assert records[0]["metrics"]["prompt_tokens"] == 200 and records[0]["metrics"]["output_tokens"] == 2 * max_tokens
     assert workloads.concurrency(2, prompt_len=100).prompts[0][:8] == workloads.concurrency(2).prompts[0][:8]
-    for bad in (["--workload", "latency", "--prompt-len", "100"], ["--workload", "concurrency", "--prompt-len", "0"]):
+    (tmp_path / "latency").mkdir()
+    latency = run(tmp_path / "latency", "--workload", "latency", "--prompt-len", "100", "--presets", "tiny-llama",
+                  "--engines", "p01", "--repeats", "1", "--scale", "small")
+    assert [r["setting"] for r in latency] == [{"batch": 1, "prompt_len": 100}]
+    for bad in (["--workload", "offline", "--prompt-len", "100"], ["--workload", "concurrency", "--prompt-len", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(["--phase", "p01_serial_decode", "--engines", "p01", *bad])
         assert "--prompt-len takes a positive length" in capsys.readouterr().err

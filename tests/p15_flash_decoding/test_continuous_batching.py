@@ -1,0 +1,4 @@
+"""p15_flash_decoding: requests joining between steps, block accounting (the shared suite tests/suites/continuous_batching.py)."""
+from tests.suites.continuous_batching import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p15_flash_decoding"

@@ -1,0 +1,4 @@
+"""p15_flash_decoding: the profile mode (the shared suite tests/suites/profile.py)."""
+from tests.suites.profile import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p15_flash_decoding"

@@ -1,0 +1,79 @@
+"""p15_flash_decoding: the split-K kernel in Triton's interpreter on CPU (one fresh process:
+TRITON_INTERPRET=1 must be set before triton is first imported): against a float64 reference at
+1 to 8 splits on awkward sizes (lengths 1, a block's size +- 1, not a multiple of the split, more
+splits than tiles, mixed lengths, NaN-poisoned outputs), verify lanes (one table, consecutive
+lengths), the engine's tokens on our kernel equal to the torch reference's; and the split rule."""
+import importlib
+
+import pytest
+
+from tests.interpreted import run_interpreted
+
+PHASE = "p15_flash_decoding"
+triton_free = importlib.import_module(f"phases.{PHASE}.bench")
+
+INTERPRETED = f"""
+import json
+import torch
+from phases.{PHASE} import LLM, kernel_bench
+from phases.{PHASE}.triton_decode import paged_decode
+from common.sampling import SamplingParams
+from tests.reference import prompts_for
+torch.manual_seed(0)
+out = {{"kernel": all(c["ok"] for c in kernel_bench.check("cpu", torch.float32))}}
+# verify lanes: one sequence's k + 1 rows share its table, lane j sees keys [0, s + j]
+B, H, KV, D, page = 5, 8, 2, 32, 4
+q = torch.randn(B, H, D)
+kp, vp = torch.randn(40, page, KV, D), torch.randn(40, page, KV, D)
+table = torch.randperm(40)[:12].int().repeat(B, 1)
+lens = torch.arange(30, 30 + B, dtype=torch.int32)
+errs = []
+for splits in (1, 2, 5):
+    got = paged_decode(q, kp, vp, table, lens, splits, block_n=16, out=torch.full_like(q, float("nan")))
+    ref = kernel_bench.reference(q, kp, vp, [table[0].tolist()] * B, lens.tolist())
+    errs.append((got.double() - ref).abs().max().item())
+out["lanes"] = max(errs)
+opts = dict(device="cpu", dtype="float32", block_size=4, cpu_kv_cache_bytes=1 << 20)
+params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+          SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=5, ignore_eos=True)]
+prompts = prompts_for("tiny-llama")[:2]
+runs = [[o.token_ids for o in LLM("tiny-llama", attention_backend=b, **opts).generate(prompts, params)]
+        for b in ("triton", "torch")]
+out["engine"] = runs[0] == runs[1]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_interpreted(INTERPRETED)
+
+
+def test_kernel_matches_the_reference_at_every_split_count(interpreted):
+    assert interpreted["kernel"] is True
+
+
+def test_verify_lanes_read_their_own_lengths(interpreted):
+    assert interpreted["lanes"] < 1e-4
+
+
+def test_engine_on_the_split_kernel_gives_the_reference_tokens(interpreted):
+    """tiny-llama, a long prompt among them (600 tokens: the interpreter's 8 SMs split it)."""
+    assert interpreted["engine"] is True
+
+
+def test_split_rule_fills_the_gpu_and_never_splits_a_full_batch():
+    """llama-8b (8 KV heads) on 132 SMs: batch 1 at 32k -> 32 splits (256 programs, 2 waves);
+    4k -> 16 (no split under 4 tiles); 128 keys -> 1; batch 64 already fills the SMs -> 1."""
+    choose = importlib.import_module("phases.p15_flash_decoding.triton_decode").choose_num_splits
+    assert [choose(1, 8, 132, n) for n in (32768, 4096, 1024, 128)] == [32, 16, 4, 1]
+    assert choose(64, 8, 132, 32768) == 1 and choose(8, 8, 132, 32768) == 5
+
+
+def test_parts_compare_the_previous_kernel_built_twice_on_long_contexts():
+    for name in ("long", "long-8b", "latency", "latency-8b", "concurrency", "offline"):
+        for run in triton_free.GPU_PARTS[name]:
+            engines = run[run.index("--engines") + 1].split(",")
+            assert engines == ["p14 attention_backend=triton", "p14#2 attention_backend=triton",
+                               "p15 attention_backend=triton"], name
+    assert [run[run.index("--prompt-len") + 1] for run in triton_free.GPU_PARTS["long-8b"]] == ["4096", "16384", "32768"]
