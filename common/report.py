@@ -443,6 +443,8 @@ HEADLINES = {
                                  "p13 speculative=scripted num_speculative_tokens=4 scripted_acceptance=0.8", "p12", H200),
     # p14: batch 1, where every step was the host's launch time
     "p14_cuda_graphs": ("latency", "llama-1b", {"batch": 1}, "p14", "p13", H200),
+    # p15: the split against the same kernel unsplit (both engines on triton), batch 1 over 32k keys.
+    "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768}, "p15 triton", "p14 triton", H200),
 }
 
 
