@@ -40,6 +40,13 @@ prompts = prompts_for("tiny-llama")[:2]
 runs = [[o.token_ids for o in LLM("tiny-llama", attention_backend=b, **opts).generate(prompts, params)]
         for b in ("triton", "torch")]
 out["engine"] = runs[0] == runs[1]
+# the graph path's stand-in: static buffers, padded lanes, S chosen for the table's capacity
+from phases.{PHASE}.cuda_graph import GraphRunner, buckets_up_to
+llm = LLM("tiny-llama", attention_backend="triton", max_num_seqs=4, **opts)
+llm.runner.graphs = GraphRunner(llm.model, llm.cache, llm.runner.backend, buckets_up_to(4),
+                                width=-(-llm.max_model_len // llm.cache.block_size),
+                                scratch_block=llm.cache.scratch_block, capture=False)
+out["lanes_engine"] = [o.token_ids for o in llm.generate(prompts, params)] == runs[1]
 print(json.dumps(out))
 """
 
@@ -60,6 +67,12 @@ def test_verify_lanes_read_their_own_lengths(interpreted):
 def test_engine_on_the_split_kernel_gives_the_reference_tokens(interpreted):
     """tiny-llama, a long prompt among them (600 tokens: the interpreter's 8 SMs split it)."""
     assert interpreted["engine"] is True
+
+
+def test_graph_lanes_on_the_split_kernel_give_the_reference_tokens(interpreted):
+    """The CPU stand-in of the graph runner (its static buffers and padded lanes, eagerly): the
+    split count comes from the table's capacity (max_model_len), most splits empty."""
+    assert interpreted["lanes_engine"] is True
 
 
 def test_split_rule_fills_the_gpu_and_never_splits_a_full_batch():
