@@ -63,12 +63,16 @@ PHASE := $(notdir $(wildcard phases/p$(patsubst phase-%,%,$(PHASE_GOAL))_*))
 ACTION := $(or $(filter run bench test profile serve kernel,$(MAKECMDGOALS)),run)
 ARGS ?=
 
+# Without a GPU, Triton kernels run in its interpreter, which must be on before triton is first
+# imported (torch and transformers import it early): from the process's start.
+INTERPRET := $(if $(shell command -v nvidia-smi 2>/dev/null),,TRITON_INTERPRET=1)
+
 $(PHASE_GOAL): setup
 	@test -n "$(PHASE)" || { echo "no phase folder matches $(PHASE_GOAL)"; ls phases; exit 2; }
 ifeq ($(ACTION),run)
 	@$(PY) -m phases.$(PHASE) --chat $(CHAT_SAMPLING) $(ARGS)
 else ifeq ($(ACTION),bench)
-	$(PY) -m phases.$(PHASE).bench $(if $(PART),--part $(PART)) $(ARGS)
+	$(INTERPRET) $(PY) -m phases.$(PHASE).bench $(if $(PART),--part $(PART)) $(ARGS)
 else ifeq ($(ACTION),test)
 	$(PY) -m pytest tests/$(PHASE) $(WORKERS) $(ARGS)
 else ifeq ($(ACTION),profile)
@@ -79,7 +83,7 @@ else ifeq ($(ACTION),serve)
 	$(PY) -m phases.$(PHASE).serve $(ARGS)
 else ifeq ($(ACTION),kernel)
 	@test -f phases/$(PHASE)/kernel_bench.py || { echo "phase $(PHASE) has no kernel script (phase 07 on)"; exit 2; }
-	$(PY) -m phases.$(PHASE).kernel_bench $(ARGS)
+	$(INTERPRET) $(PY) -m phases.$(PHASE).kernel_bench $(ARGS)
 else
 	@echo "phase $(PHASE) has no '$(ACTION)' target"; exit 2
 endif
