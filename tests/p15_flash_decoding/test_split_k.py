@@ -90,3 +90,56 @@ def test_parts_compare_the_previous_kernel_built_twice_on_long_contexts():
             assert engines == ["p14 attention_backend=triton", "p14#2 attention_backend=triton",
                                "p15 attention_backend=triton"], name
     assert [run[run.index("--prompt-len") + 1] for run in triton_free.GPU_PARTS["long-8b"]] == ["4096", "16384", "32768"]
+
+
+# --- on a GPU -------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, context, preset_dim", [(1, 32768, 128), (1, 4096, 64), (4, 16384, 128),
+                                                        (64, 4096, 128), (1, 129, 128)])
+def test_split_equals_one_split_in_bf16_on_the_gpu(batch, context, preset_dim):
+    """The chosen split count against one split (the previous phase's kernel) and the float64
+    reference, bf16 inputs, both head shapes: within bf16's tolerance."""
+    import torch
+    kernel_bench = importlib.import_module(f"phases.{PHASE}.kernel_bench")
+    decode = importlib.import_module(f"phases.{PHASE}.triton_decode")
+    torch.manual_seed(0)
+    case = kernel_bench.random_case(batch, 32, 8, preset_dim, 16, [context] * batch, "cuda", torch.bfloat16)
+    q, k_pages, v_pages, tables, table, lens = case
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = decode.choose_num_splits(batch, 8, sms, context)
+    split = decode.paged_decode(q, k_pages, v_pages, table, lens, splits)
+    one = decode.paged_decode(q, k_pages, v_pages, table, lens, 1)
+    rows = list(range(min(batch, 2)))
+    ref = kernel_bench.reference(q[rows], k_pages, v_pages, [tables[r] for r in rows], [context] * len(rows))
+    assert (split[rows].double() - ref).abs().max().item() < 2e-2
+    assert (split.float() - one.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_replayed_split_decode_equals_eager_bit_for_bit():
+    """llama-1b shape, graphs on our kernel: a batch-1 decode over a long context replays the eager
+    step's logits exactly (the split count is the capacity's in both)."""
+    import torch
+    from common.sampling import SamplingParams
+    LLM = importlib.import_module(f"phases.{PHASE}").LLM  # noqa: N806
+    llm = LLM("llama-1b", attention_backend="triton", max_model_len=8192, max_num_seqs=4,
+              kv_cache_bytes=2 << 30)
+    graphs = llm.runner.graphs
+    llm.add_request(list(range(1, 6001)), SamplingParams(max_tokens=3, temperature=0.0))
+    while llm.scheduler.waiting or any(s.num_pending_tokens > 1 for s in llm.scheduler.running):
+        llm.step()
+    plan = llm.scheduler.schedule()
+    replayed = graphs.run(plan).clone()
+    assert torch.equal(replayed, graphs._forward(1)[:1])
+
+
+@pytest.mark.gpu
+def test_greedy_tokens_equal_the_previous_phase_in_fp32_on_the_gpu():
+    from common.sampling import SamplingParams
+    from tests.reference import prompts_for
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = prompts_for("tiny-llama")
+    runs = [[o.token_ids for o in importlib.import_module(f"phases.{p}").LLM(
+        "tiny-llama", device="cuda", dtype="float32", attention_backend="triton").generate(prompts, params)]
+        for p in ("p14_cuda_graphs", PHASE)]
+    assert runs[0] == runs[1]
