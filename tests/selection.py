@@ -19,7 +19,9 @@ selected). A marker can name files too (MARKED): a test carrying it runs only in
 of those files differs from the previous phase's, whatever suite it belongs to.
 
 A test marked @pytest.mark.slow (a variant of a check that a faster test of the same function
-already makes in `make test`) runs only in `make test-all`.
+already makes in `make test`) runs only in `make test-all`. A test marked @pytest.mark.fuzz_soak
+(the config and interrupt fuzzers' long run) runs only when the marker expression names it
+(`make fuzz`, pytest -m fuzz_soak): neither make test nor make test-all.
 
 `make test-all` (pytest --all-phases, or MINI_INFER_TEST_ALL=1) runs every test in every phase.
 Declaring a new suite is one line in SUITES, e.g.
@@ -117,8 +119,14 @@ MARKED: dict[str, tuple[str, ...]] = {
 }
 
 SLOW = "slow"                                   # a marker: only in make test-all
+SOAK = "fuzz_soak"                              # a marker: only when -m names it (make fuzz)
 
 SUITE_IMPORT = re.compile(r"^from tests\.suites\.(\w+) import", re.M)
+
+
+def soak_requested(config) -> bool:
+    """Whether this run asked for the fuzz soak by name (pytest -m fuzz_soak, as make fuzz does)."""
+    return SOAK in (config.getoption("markexpr", default="") or "")
 
 
 def run_all(config=None) -> bool:

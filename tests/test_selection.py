@@ -112,6 +112,15 @@ def test_a_slow_test_is_left_to_test_all(pair):
     assert not selection.selected(SimpleNamespace(get_closest_marker=lambda m: m if m == "slow" else None), root)
 
 
+def test_the_fuzz_soak_runs_only_when_its_marker_is_named():
+    """make fuzz (pytest -m fuzz_soak) asks for the soak; make test and make test-all do not."""
+    def config(markexpr):
+        return SimpleNamespace(getoption=lambda name, default=None: markexpr if name == "markexpr" else default)
+    assert selection.soak_requested(config("fuzz_soak"))
+    assert not selection.soak_requested(config(""))
+    assert not selection.soak_requested(config("not slow"))
+
+
 def test_all_phases_runs_everything(monkeypatch):
     monkeypatch.delenv(selection.ENV, raising=False)
     assert not selection.run_all()

@@ -1,0 +1,629 @@
+"""A differential config fuzzer and an interrupt fuzzer, for every engine from preemption (p08) on.
+
+The hand-written suites drive each engine through configurations someone thought of. What they
+miss lives in the corners nobody lists: one seat and a budget of one token, blocks of one token,
+a pool so small that every other step preempts, a partial-prefill limit above half the budget,
+drafts beside prefill chunks, a decode batch one lane past a graph bucket. So a seed draws
+  - an engine configuration from the switches the phase's EngineConfig has (its dataclass
+    fields decide): seats, token budget, block size, partial prefills, prefix caching, preemption
+    by recompute or swap with a pool sized to force it, speculation (n-gram or draft model, k, the
+    batch-size switch); from the CUDA-graph phase on, half the time, the CPU stand-in of the
+    graph runner (the very padded static-buffer forward a replay runs, eagerly);
+  - a workload: prompts that share one to three blocks and more, repeat exactly, fill the
+    context or hold one token; greedy lengths and priorities; run as one generate() call, or
+    through the step API with requests arriving while others decode and some aborted.
+The oracle is the phase itself, used plainly. Every idea from p08 on reorganizes work (batching,
+paging, chunks, cached prefixes, preemption, drafts, graph lanes) and must not change a greedy
+float32 token, so every request that finishes must carry the tokens it gets when it runs alone on
+an engine of that phase with the default configuration. After every call the block accounting
+is whole (llm.check()) and the engine idle, and no forward step, the draft model's included,
+computes more tokens than max_num_batched_tokens.
+
+The interrupt fuzzer puts a Ctrl-C at a random line of the engine's code inside generate(): it
+can fall between any two statements of the bookkeeping, which is what the engine's recover()
+must survive. Half the cases put a second one inside that clean-up. Afterwards the engine, if it
+says it recovered, must pass check(); and the next call must give the tokens of each request run
+alone and leave the accounting whole.
+
+Every failure names its seed, the configuration it drew and the command that replays it.
+`make test` runs a few seeds per phase, and the seeds that once caught a bug; the soak (the
+fuzz_soak marker, which make test and make test-all leave out) runs FUZZ_CASES configurations
+and FUZZ_INTERRUPTS interrupted calls per phase (100 each unless set), from seed FUZZ_SEED on:
+
+    make fuzz FUZZ_CASES=1000 FUZZ_INTERRUPTS=1000                  every phase from p08 on
+    make phase-14 fuzz FUZZ_SEED=240 FUZZ_CASES=1 FUZZ_INTERRUPTS=0   one seed of one phase
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import random
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+from common.sampling import SamplingParams
+
+MODEL = "tiny-llama"
+# float32: a reorganized sum must not flip a greedy token; token ids are compared, so no text
+BASE = dict(device="cpu", dtype="float32", detokenize=False)
+MAX_MODEL_LEN = 64
+MAX_NEW_TOKENS = 16
+MAX_REQUESTS = 10
+ALPHABET = 200            # prompt ids from a small range: n-gram matches and accidental shared blocks
+INTERRUPTED_REQUESTS = 5  # at most, in a call the interrupt fuzzer cuts short (it runs on 2 or 3 engines)
+FIRST_CASES, FIRST_INTERRUPTS = 10, 6      # make test, per phase: seeds 0.. of each kind
+SOAK_SEED = 100_000                        # the soak's first seed, past make test's (FUZZ_SEED moves it)
+
+# Seeds that caught a bug stay in make test beside those, in every phase. A seed stands for its
+# draws: if the generator below changes, these seeds draw other cases, so find them again then.
+CAUGHT_CASES = (19, 146, 240,       # p14: a one-token prompt chunk run as a graph lane (as a decode)
+                532, 551,           # p14: drafts attached past the step's budget (n-gram, draft model)
+                2)                  # p13-p14: the draft model's first forward over the budget
+CAUGHT_INTERRUPTS = (149, 157, 253)  # p11-p14: a clean-up that drops the call's requests but trusts
+                                     # the block accounting a Ctrl-C cut in half
+
+# The forward's arithmetic, whose lines the interrupt fuzzer does not count: an interrupt inside
+# a forward reaches the engine at the line that called it, having changed nothing the engine
+# keeps books on (K/V half written into blocks of requests the clean-up drops), so counting them
+# would only draw interrupts away from the bookkeeping.
+FORWARD_FILES = frozenset({"model.py", "layers.py", "attention.py", "attention_backends.py", "kv_cache.py",
+                           "triton_decode.py", "rope_store.py", "fused_elementwise.py"})
+
+
+# --- the phase: which switches it has ------------------------------------------------------------
+@dataclass
+class Phase:
+    """What the fuzzers need to know of a phase: its package, and which switches it has."""
+    name: str
+    fields: frozenset[str]       # EngineConfig's fields: the switches this engine has
+
+    @property
+    def chunks(self) -> bool:
+        """Prompts longer than the budget are prefilled in chunks (p11 on). Before that a prompt
+        runs whole: a longer one is refused, and a recomputed sequence (prompt and output) may
+        pass the budget alone in its step (the scheduler's documented exception)."""
+        return "max_num_partial_prefills" in self.fields
+
+    @property
+    def graphs(self) -> bool:
+        """It has the CUDA-graph runner (p14 on), whose CPU stand-in a case may install."""
+        return "cuda_graph" in self.fields
+
+    @property
+    def package(self):
+        return importlib.import_module(f"phases.{self.name}")
+
+    @property
+    def code_roots(self) -> tuple[str, ...]:
+        """Where the engine's code lives: the phase's package and common/."""
+        return tuple(str(Path(m.__file__).parent) + os.sep for m in (self.package, common))
+
+    def keeps_books(self, filename: str) -> bool:
+        """Is this the engine's own code, outside the forward's arithmetic? (What the interrupt
+        fuzzer counts: torch's and tqdm's lines are not either.)"""
+        return filename.startswith(self.code_roots) and os.path.basename(filename) not in FORWARD_FILES
+
+
+def load_phase(name: str) -> Phase:
+    config = importlib.import_module(f"phases.{name}.config").EngineConfig
+    return Phase(name, frozenset(f.name for f in dataclasses.fields(config)))
+
+
+# --- random configurations ---------------------------------------------------------------------
+@dataclass
+class Case:
+    """Everything one seed decides: engine options, the graph stand-in, pool slack, workloads."""
+    seed: int
+    options: dict
+    graph_batch: int | None = None                  # the stand-in's largest bucket, or no stand-in
+    pool_slack: int | None = None                   # blocks above the largest request (None: roomy)
+    workloads: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        pool = "roomy" if self.pool_slack is None else f"the largest request + {self.pool_slack} blocks"
+        graphs = f", graph stand-in up to batch {self.graph_batch}" if self.graph_batch else ""
+        return f"seed {self.seed}: {self.options}, pool {pool}{graphs}"
+
+
+def draw_options(rng: random.Random, phase: Phase) -> dict:
+    """Seats, budget, blocks, and each later phase's own switches where its config has them."""
+    seats = rng.randint(1, 8)
+    budget = rng.choice([seats,                                  # a decode step fills it exactly
+                         seats + rng.randint(1, 8),              # room for a short chunk beside
+                         rng.choice([16, 32, 64, 256])])         # whole prompts (or still chunks)
+    options = dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=seats, max_num_batched_tokens=budget,
+                   block_size=rng.choice([1, 2, 4, 8, 16]), preemption=rng.choice(["recompute", "swap"]))
+    if phase.chunks:
+        options["max_num_partial_prefills"] = rng.randint(1, 4)
+    if "enable_prefix_caching" in phase.fields:
+        options["enable_prefix_caching"] = rng.random() < 0.7
+    if "speculative" in phase.fields:
+        options |= draw_speculation(rng, seats)
+    return options
+
+
+def draw_speculation(rng: random.Random, seats: int) -> dict:
+    kind = rng.choice([None, "ngram", "draft"])
+    if kind is None:
+        return {"speculative": None}
+    low = rng.randint(1, 3)
+    return dict(speculative=kind, num_speculative_tokens=rng.randint(1, 7),
+                speculative_disable_by_batch_size=rng.randint(1, seats + 1),
+                prompt_lookup_min=low, prompt_lookup_max=rng.randint(low, 5))
+
+
+def draw_case(seed: int, phase: Phase, num_workloads: int) -> Case:
+    rng = random.Random(seed)
+    case = Case(seed, draw_options(rng, phase))
+    if phase.graphs and rng.random() < 0.5:
+        case.graph_batch = rng.randint(1, case.options["max_num_seqs"])
+    case.pool_slack = rng.choice([None, None, 0, 1, 2, rng.randint(3, 12)])
+    longest = MAX_MODEL_LEN if phase.chunks else case.options["max_num_batched_tokens"]
+    case.workloads = [draw_workload(rng, longest, case.options["block_size"]) for _ in range(num_workloads)]
+    return case
+
+
+# --- random workloads --------------------------------------------------------------------------
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    priority: int = 0
+    arrival: int = 0                 # the step before which it is added (step API)
+    abort_at: int | None = None      # the step before which it is aborted, if still unfinished
+
+    @property
+    def params(self) -> SamplingParams:
+        return SamplingParams(temperature=0, max_tokens=self.max_tokens, ignore_eos=True)
+
+
+@dataclass
+class Workload:
+    requests: list[Request]
+    step_api: bool                   # add_request/step/abort_request, or one generate() call
+
+
+def draw_workload(rng: random.Random, longest_prompt: int, block_size: int) -> Workload:
+    """Requests whose prompts relate to each other (prefixes, repeats) as a server's traffic does."""
+    requests = []
+    for _ in range(rng.randint(1, MAX_REQUESTS)):
+        max_tokens = rng.randint(1, MAX_NEW_TOKENS)
+        room = min(longest_prompt, MAX_MODEL_LEN - max_tokens)
+        prompt = draw_prompt(rng, [r.prompt for r in requests], room, block_size)
+        requests.append(Request(prompt, max_tokens, priority=rng.choice([0, 0, 0, 1, 2])))
+    step_api = rng.random() < 0.5
+    if step_api:
+        for r in requests:
+            r.arrival = rng.choice([0, 0, rng.randint(1, 24)])
+            if rng.random() < 0.15:
+                r.abort_at = r.arrival + rng.randint(0, 12)
+    return Workload(requests, step_api)
+
+
+def draw_prompt(rng: random.Random, earlier: list[list[int]], room: int, block_size: int) -> list[int]:
+    """One token, near the context's end, a repeat, a shared prefix, a periodic one, or random."""
+    kind = rng.choice(["one", "long", "repeat", "shared", "shared", "periodic", "random", "random"])
+    if kind in ("repeat", "shared") and not earlier:
+        kind = "random"
+    if kind == "one":
+        return fresh(rng, 1)
+    if kind == "long":
+        return fresh(rng, max(1, room - rng.randint(0, 2)))
+    if kind == "repeat":
+        return list(rng.choice(earlier))[:room]
+    if kind == "shared":           # 1-3 blocks of an earlier prompt, sometimes a few tokens more
+        cut = rng.randint(1, 3) * block_size + rng.choice([0, 0, rng.randint(1, block_size)])
+        head = rng.choice(earlier)[:min(cut, room)]
+        return head + fresh(rng, rng.randint(0, room - len(head)))
+    if kind == "periodic":         # what prompt lookup finds drafts in
+        period = fresh(rng, rng.randint(1, 4))
+        return (period * room)[:rng.randint(1, room)]
+    return fresh(rng, rng.randint(1, room))
+
+
+def fresh(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(1, ALPHABET) for _ in range(n)]
+
+
+# --- the oracle: each request run alone --------------------------------------------------------
+class Alone:
+    """Greedy tokens of each prompt run alone on a default engine of the phase. One run per prompt,
+    with as many new tokens as fit: a greedy run of m tokens is the first m of a longer run (the
+    same steps, one request, one token each)."""
+
+    def __init__(self, phase: Phase):
+        self.llm = phase.package.LLM(MODEL, max_model_len=MAX_MODEL_LEN, **BASE)
+        self.answers: dict[tuple[int, ...], list[int]] = {}
+
+    def tokens(self, prompt: list[int], max_tokens: int) -> list[int]:
+        key = tuple(prompt)
+        if key not in self.answers:
+            if hasattr(self.llm, "reset_prefix_cache"):       # alone: nothing cached from the last one
+                self.llm.reset_prefix_cache()
+            params = SamplingParams(temperature=0, max_tokens=min(MAX_NEW_TOKENS, MAX_MODEL_LEN - len(prompt)),
+                                    ignore_eos=True)
+            self.answers[key] = self.llm.generate([prompt], params)[0].token_ids
+        return self.answers[key][:max_tokens]
+
+
+# --- building the engine, watching its steps ----------------------------------------------------
+class Stuck(Exception):
+    """The engine took far more steps than its workload can need."""
+
+
+class StepWatch:
+    """Wraps the engine's forward runners (the target's and a draft model's) and its step():
+    records each forward's new tokens over the budget, and stops a call that goes nowhere."""
+
+    def __init__(self, llm, phase: Phase, budget: int):
+        self.phase, self.budget, self.over, self.steps, self.max_steps = phase, budget, [], 0, 0
+        for who, runner in runners(llm):
+            runner.run = self._counted(who, runner.run)
+        real_step = llm.step
+
+        def step():
+            self.steps += 1
+            if self.steps > self.max_steps:
+                raise Stuck(f"{self.steps} steps, more than {self.max_steps}")
+            return real_step()
+        llm.step = step
+
+    def allow(self, workload: Workload) -> None:
+        """A call's step limit: generous, far above any honest schedule of these requests."""
+        self.steps = 0
+        self.max_steps = 200 + 20 * sum(len(r.prompt) + r.max_tokens for r in workload.requests)
+
+    def _counted(self, who: str, run):
+        def counted(*args, **kwargs):
+            tokens, seqs = step_size(*args)
+            if tokens > self.budget and not (seqs == 1 and not self.phase.chunks):
+                self.over.append(f"{who} forward of {tokens} tokens over {seqs} sequences")
+            return run(*args, **kwargs)
+        return counted
+
+
+def runners(llm) -> list[tuple[str, object]]:
+    found = [("target", llm.runner)]
+    proposer = getattr(getattr(llm, "speculator", None), "proposer", None)
+    if getattr(proposer, "runner", None) is not None:
+        found.append(("draft model", proposer.runner))
+    return found
+
+
+def step_size(plan, is_prefill=None, *_):
+    """(new tokens, sequences) of one forward: a plan's (p10 on), or (seqs, is_prefill) before:
+    a prefill computes each sequence's prefill_ids, a decode one token each."""
+    if hasattr(plan, "num_new_tokens"):
+        return sum(plan.num_new_tokens), len(plan.seqs)
+    return (sum(len(s.prefill_ids) for s in plan) if is_prefill else len(plan)), len(plan)
+
+
+def build(phase: Phase, case: Case, token_bytes: int):
+    """The case's engine: its options, a pool sized from its workloads, the graph stand-in."""
+    llm = sized_engine(phase, case, token_bytes)
+    if case.graph_batch:
+        install_graph_stand_in(phase, llm, case.graph_batch)
+    return llm, StepWatch(llm, phase, case.options["max_num_batched_tokens"])
+
+
+def sized_engine(phase: Phase, case: Case, token_bytes: int):
+    """An engine whose pool holds the largest request plus pool_slack blocks: every request must
+    fit the whole pool (or it is refused), and with little slack running ones preempt each other.
+    A phase may share kv_cache_bytes out among pools (p13 on: a self-draft keeps its own, the
+    bytes split by layers, the target's share above half); where the target's share cannot hold
+    the largest request, the engine is built again with twice the bytes."""
+    def engine(pool_bytes: int | None):
+        pool = {} if pool_bytes is None else {"kv_cache_bytes": pool_bytes}
+        return phase.package.LLM(MODEL, **BASE, **case.options, **pool)
+    if case.pool_slack is None:
+        return engine(None)
+    need = max(-(-(len(r.prompt) + r.max_tokens) // case.options["block_size"])
+               for w in case.workloads for r in w.requests)
+    pool_bytes = (need + case.pool_slack) * case.options["block_size"] * token_bytes
+    try:
+        llm = engine(pool_bytes)
+        if llm.scheduler.block_manager.num_blocks >= need:
+            return llm
+    except ValueError:                 # its share held no block at all
+        pass
+    return engine(2 * pool_bytes)
+
+
+def install_graph_stand_in(phase: Phase, llm, max_batch: int) -> None:
+    """What the engine captures on a GPU, run eagerly: buckets, padded lanes, static buffers."""
+    graphs = importlib.import_module(f"phases.{phase.name}.cuda_graph")
+    llm.runner.graphs = graphs.GraphRunner(llm.model, llm.cache, llm.runner.backend, graphs.buckets_up_to(max_batch),
+                                           width=-(-llm.max_model_len // llm.cache.block_size),
+                                           scratch_block=llm.cache.scratch_block, capture=False)
+
+
+# --- running a workload, judging it -------------------------------------------------------------
+def run_workload(llm, watch: StepWatch, workload: Workload) -> dict[int, list[int] | None]:
+    """Request index -> tokens of every request that finished, None for one aborted unfinished."""
+    watch.allow(workload)
+    if workload.step_api:
+        return run_steps(llm, workload)
+    return token_ids(generate_call(llm, workload)())
+
+
+def generate_call(llm, workload: Workload):
+    """llm.generate() of the workload's requests, as a call; its arguments are built now (under a
+    tracer, building them would count lines of common/ that run before generate() does)."""
+    reqs = workload.requests
+    prompts, params, priorities = [r.prompt for r in reqs], [r.params for r in reqs], [r.priority for r in reqs]
+    return lambda: llm.generate(prompts, params, priorities=priorities)
+
+
+def token_ids(outputs) -> dict[int, list[int]]:
+    return {i: o.token_ids for i, o in enumerate(outputs)}
+
+
+def run_steps(llm, workload: Workload) -> dict[int, list[int] | None]:
+    """Arrivals between steps, aborts of unfinished requests (from p09, which has abort_request)."""
+    reqs, ids, done, step = workload.requests, {}, {}, 0          # ids: request id -> index
+    while len(ids) < len(reqs) or llm.has_unfinished():
+        for i, r in enumerate(reqs):
+            if r.arrival == step:
+                ids[llm.add_request(r.prompt, r.params, priority=r.priority)] = i
+            if r.abort_at == step and i not in done and hasattr(llm, "abort_request"):
+                llm.abort_request(next(k for k, v in ids.items() if v == i))
+                done[i] = None
+        for request_id, out in llm.step():
+            assert ids[request_id] not in done, f"request {ids[request_id]} finished twice, or after its abort"
+            done[ids[request_id]] = out.token_ids
+        step += 1
+    return done
+
+
+def judge(llm, watch: StepWatch, workload: Workload, got: dict[int, list[int] | None], alone: Alone) -> list[str]:
+    """What went wrong in a finished call: tokens unlike the request's alone, a request lost, a
+    forward over the budget, accounting not whole, an engine not idle."""
+    problems = [f"budget {watch.budget}: {o}" for o in watch.over[:3]]
+    watch.over.clear()
+    for i, r in enumerate(workload.requests):
+        if i not in got:
+            problems.append(f"request {i} never finished")
+            continue
+        if got[i] is None:                    # aborted: whatever it had is gone
+            continue
+        expected = alone.tokens(r.prompt, r.max_tokens)
+        if got[i] != expected:
+            problems.append(f"request {i} (prompt of {len(r.prompt)}: {short(r.prompt)}, max_tokens {r.max_tokens}, "
+                            f"priority {r.priority}): {got[i]} != alone {expected}")
+    return problems[:4] + whole(llm)
+
+
+def whole(llm) -> list[str]:
+    """llm.check() and idleness, as problems rather than an exception."""
+    problems = [] if not llm.has_unfinished() else ["the engine is not idle after the call"]
+    try:
+        llm.check()
+    except AssertionError as e:
+        problems.append(f"check() failed: {e}")
+    return problems
+
+
+def short(ids: list[int]) -> str:
+    return str(ids) if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, ... {ids[-1]}]"
+
+
+# --- one config case ----------------------------------------------------------------------------
+def config_case(phase: Phase, seed: int, alone: Alone, token_bytes: int) -> list[str]:
+    """Two or three calls on one engine of a random configuration (the later ones meet what the
+    earlier left in the prefix cache); the problems found, each naming the call."""
+    case = draw_case(seed, phase, num_workloads=random.Random(f"{seed}/calls").randint(2, 3))
+    llm, watch = build(phase, case, token_bytes)
+    for n, workload in enumerate(case.workloads):
+        problems = judge(llm, watch, workload, run_workload(llm, watch, workload), alone)
+        if problems:
+            return [f"call {n} ({mode(workload)}): {p}" for p in problems]
+    return []
+
+
+def mode(workload: Workload) -> str:
+    return "step API" if workload.step_api else "generate()"
+
+
+# --- interrupts ---------------------------------------------------------------------------------
+class LineTracer:
+    """A sys.settrace hook over the engine's bookkeeping (Phase.keeps_books): counts the lines it
+    executes and raises KeyboardInterrupt as line `stop` is about to run (None: count only).
+    Lines inside torch, tqdm or the forward's arithmetic are not counted: an interrupt there
+    reaches the engine at the line that called them. Python unsets a tracer that raises, so each
+    one fires once."""
+
+    def __init__(self, phase: Phase, stop: int | None = None):
+        self.phase, self.stop, self.lines, self.where = phase, stop, 0, None
+        self.files: dict[str, bool] = {}        # file name -> counted (asked once per file)
+
+    def __call__(self, frame, event, arg):
+        name = frame.f_code.co_filename
+        if name not in self.files:
+            self.files[name] = self.phase.keeps_books(name)
+        return self.local if self.files[name] else None
+
+    def local(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1
+            if self.lines == self.stop:
+                self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+                raise KeyboardInterrupt(self.where)
+        return self.local
+
+
+def traced(tracer: LineTracer, call):
+    """call() under the tracer; the tracer is gone afterwards, however call() ended."""
+    sys.settrace(tracer)
+    try:
+        return call()
+    finally:
+        sys.settrace(None)
+
+
+def trace_recover(llm, tracer: LineTracer) -> None:
+    """Run the engine's recover() under its own tracer (the first one is gone once it fired):
+    counts the clean-up's lines, or interrupts it at line tracer.stop. Undone by untrace_recover."""
+    real = llm.recover
+    llm.recover = lambda: traced(tracer, real)
+
+
+def untrace_recover(llm) -> None:
+    llm.__dict__.pop("recover", None)
+
+
+def interrupted_call(llm, watch: StepWatch, workload: Workload, first: LineTracer, second: LineTracer) -> str | None:
+    """generate() interrupted at first.stop (and its clean-up at second.stop). A problem, or None."""
+    call = generate_call(llm, workload)
+    watch.allow(workload)
+    trace_recover(llm, second)
+    try:
+        traced(first, call)
+    except KeyboardInterrupt:
+        if first.where is None:          # not ours: a Ctrl-C at the keyboard stops the run
+            raise
+        return None
+    finally:
+        untrace_recover(llm)
+    return f"generate() returned although interrupted at {first.where}" if first.where else None
+
+
+def interrupt_case(phase: Phase, seed: int, alone: Alone, token_bytes: int) -> list[str]:
+    """A clean call A on engine 1 counts the lines generate() executes (L). Engine 2, of the same
+    configuration and history, runs A interrupted at line N, uniform in 1..L (the same path up to
+    there: the engines are deterministic), and counts the lines of the clean-up (R); then the
+    engine must be whole if it says it recovered, and call B right. In half the cases engine 3
+    repeats that with a second interrupt at line M of the clean-up, uniform in 1..R; then only
+    call B is judged (the next call finishes a clean-up cut short)."""
+    rng = random.Random(f"{seed}/interrupts")
+    case = draw_case(seed, phase, num_workloads=3)        # a warm-up call, call A, call B
+    warm, call_a, call_b = case.workloads
+    warm.requests = warm.requests[:rng.choice([0, 3])]    # a cold engine, or a few prefixes cached
+    for call in (call_a, call_b):                         # (each call runs on two or three engines)
+        call.requests, call.step_api = call.requests[:INTERRUPTED_REQUESTS], False
+
+    def engine():
+        return warmed_up(phase, case, token_bytes)
+
+    lines, problems = clean_line_count(phase, engine(), call_a, alone)
+    if problems:
+        return problems
+    n, twice = rng.randint(1, lines), rng.random() < 0.5
+    first, cleanup = LineTracer(phase, n), LineTracer(phase)
+    what = f"interrupted at line {n} of {lines}"
+    problems = interrupted(engine(), call_a, call_b, first, cleanup, alone, what)
+    if twice and cleanup.lines and not problems:
+        m = rng.randint(1, cleanup.lines)
+        problems = interrupted(engine(), call_a, call_b, LineTracer(phase, n), LineTracer(phase, m), alone,
+                               f"{what}, then at line {m} of {cleanup.lines} of the clean-up")
+    return problems
+
+
+def warmed_up(phase: Phase, case: Case, token_bytes: int):
+    """A new engine of the case, after its warm-up call (if it has one): what the prefix cache
+    holds, and the ids the engine hands out, are the same for every engine of the case."""
+    llm, watch = build(phase, case, token_bytes)
+    warm = case.workloads[0]
+    if warm.requests:
+        run_workload(llm, watch, warm)
+    return llm, watch
+
+
+def clean_line_count(phase: Phase, built, call: Workload, alone: Alone) -> tuple[int, list[str]]:
+    """The engine lines a clean run of the call executes, and what went wrong in it."""
+    llm, watch = built
+    counter, generate = LineTracer(phase), generate_call(llm, call)
+    watch.allow(call)
+    got = token_ids(traced(counter, generate))
+    return counter.lines, [f"clean call A: {p}" for p in judge(llm, watch, call, got, alone)]
+
+
+def interrupted(built, call_a: Workload, call_b: Workload, first: LineTracer, second: LineTracer,
+                alone: Alone, what: str) -> list[str]:
+    """Call A interrupted as the tracers say, then call B: the problems, each saying where A was cut."""
+    llm, watch = built
+    problem = interrupted_call(llm, watch, call_a, first, second)
+    where = f"{what} ({first.where}{'; ' + second.where if second.where else ''})"
+    if problem:
+        return [f"{where}: {problem}"]
+    if not second.where and not llm._failed:       # it says it recovered: it must be whole now
+        problems = whole(llm)
+        if problems:
+            return [f"{where}, recover() finished: {p}" for p in problems]
+    got = run_workload(llm, watch, call_b)
+    return [f"{where}, then call B: {p}" for p in judge(llm, watch, call_b, got, alone)]
+
+
+# --- the tests ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fuzz_phase(phase) -> Phase:
+    return load_phase(phase)
+
+
+@pytest.fixture(scope="module")
+def alone(fuzz_phase) -> Alone:
+    return Alone(fuzz_phase)
+
+
+@pytest.fixture(scope="module")
+def token_bytes(alone) -> int:
+    """Bytes of one token's K/V in the pool (K and V, every layer): kv_cache_bytes per token."""
+    return alone.llm.model_config.kv_bytes_per_token(torch.float32)
+
+
+def run_seeds(run_case, phase: Phase, seeds, alone: Alone, token_bytes: int) -> None:
+    """Every seed, all failures collected (a soak reports each seed that fails, not the first)."""
+    failures = []
+    for seed in seeds:
+        try:
+            problems = run_case(phase, seed, alone, token_bytes)
+        except Exception as e:     # the engine raised (Stuck included): a failure of this seed
+            problems = [f"raised {type(e).__name__}: {e}\n{''.join(traceback.format_exc(limit=-4))}"]
+        if problems:
+            failures.append(f"{describe(phase, seed, run_case)}\n    " + "\n    ".join(problems))
+    if failures:
+        pytest.fail(f"{len(failures)} of {len(seeds)} seeds failed:\n" + "\n".join(failures), pytrace=False)
+
+
+def describe(phase: Phase, seed: int, run_case) -> str:
+    """The phase, the seed, its configuration, and the command that runs that seed alone."""
+    case = draw_case(seed, phase, num_workloads=1)
+    cases, interrupts = ("1", "0") if run_case is config_case else ("0", "1")
+    return (f"{phase.name} {case.describe()}\n    replay: make phase-{phase.name[1:3]} fuzz FUZZ_SEED={seed} "
+            f"FUZZ_CASES={cases} FUZZ_INTERRUPTS={interrupts}")
+
+
+def soak_seeds(variable: str) -> range:
+    """FUZZ_CASES or FUZZ_INTERRUPTS seeds (default 100) from FUZZ_SEED on."""
+    first = int(os.environ.get("FUZZ_SEED") or SOAK_SEED)
+    return range(first, first + int(os.environ.get(variable) or 100))
+
+
+def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes):
+    """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
+    seeds = sorted({*range(FIRST_CASES), *CAUGHT_CASES})
+    run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
+
+
+def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes):
+    """Ctrl-C at a random line of generate() (and of its clean-up): whole, then the next call right."""
+    seeds = sorted({*range(FIRST_INTERRUPTS), *CAUGHT_INTERRUPTS})
+    run_seeds(interrupt_case, fuzz_phase, seeds, alone, token_bytes)
+
+
+@pytest.mark.fuzz_soak
+@pytest.mark.timeout(0)
+def test_soak_random_configs(fuzz_phase, alone, token_bytes):
+    run_seeds(config_case, fuzz_phase, soak_seeds("FUZZ_CASES"), alone, token_bytes)
+
+
+@pytest.mark.fuzz_soak
+@pytest.mark.timeout(0)
+def test_soak_interrupted_calls(fuzz_phase, alone, token_bytes):
+    run_seeds(interrupt_case, fuzz_phase, soak_seeds("FUZZ_INTERRUPTS"), alone, token_bytes)
