@@ -8,8 +8,8 @@
 #   make phase-05 profile       profile decode steps (phase 05 on): summary + trace in results/
 #   make phase-07 kernel        check a phase's kernel against its reference, then time it (phase 07 on)
 #   make phase-09 serve         the OpenAI-compatible HTTP server on 127.0.0.1:8000 (phase 09 on)
-#   make fuzz FUZZ_INTERRUPTS=1000   the long config and interrupt fuzz, phase 08 on (FUZZ_CASES, FUZZ_INTERRUPTS: 100)
-#   make phase-14 fuzz FUZZ_SEED=7 FUZZ_CASES=1 FUZZ_INTERRUPTS=0   replay one seed in one phase (a failure names it)
+#   make fuzz                   the long config and interrupt fuzz, phase 08 on (FUZZ_CASES=, FUZZ_INTERRUPTS=: 100 each)
+#   make phase-14 fuzz FUZZ_SEED=7 FUZZ_CASES=1 FUZZ_INTERRUPTS=0   one phase's, from seed 7 (a failure names its seed)
 #   make diff-03                what phase 03 changed relative to phase 02 (one idea): engine, then bench scripts
 #   make results                regenerate README tables and RUNS.md pages from results/, execute the notebooks
 
