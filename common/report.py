@@ -824,7 +824,8 @@ def milestones(records: list[dict]) -> str:
         other = baseline(records, rec, base)
         where = ", ".join([*map(setting_text, setting.items()), preset]) if setting else f"{workload}, {preset}"
         ratio = f"**{ratio_text(records, rec, other, key)}**" if rec and other else "no same-run measurement yet"
-        devices.add(f"{device}, {rec['dtype']}" if rec else device)
+        if rec:                                   # a row still waiting for its run names no device
+            devices.add(f"{device}, {rec['dtype']}")
         rows.append([f"[{phase}](phases/{phase}/README.md)", f"{mine} vs {base}",
                      f"{SHORT_METRIC.get(key, WORKLOADS[workload][1])}, {where}", ratio])
     if not rows:
