@@ -15,7 +15,8 @@ from . import smollm2
 from .model_config import ModelConfig
 from .presets import PRESETS, SMOLLM2, describe_presets
 from .tokenizer import Tokenizer
-from .weights import first_line, load_safetensors, param_shapes, random_weights
+from .weights import (RandomCheckpoint, SafetensorsCheckpoint, first_line, load_safetensors, param_shapes,
+                      random_weights)
 
 
 @dataclass
@@ -50,6 +51,13 @@ class ModelSource:
         if self.hf_dir is not None:
             return load_safetensors(self.hf_dir, device, dtype, param_shapes(self.config))
         return random_weights(self.config, self.seed, device, dtype)
+
+    def checkpoint(self):
+        """The weights unread: .read(name, slices, device, dtype) reads one tensor, or only the
+        slices of it a tensor-parallel rank holds (common.weights)."""
+        if self.hf_dir is not None:
+            return SafetensorsCheckpoint(self.hf_dir, param_shapes(self.config))
+        return RandomCheckpoint(self.config, self.seed)
 
 
 def resolve(name_or_path: str, seed: int = 0) -> ModelSource:

@@ -79,29 +79,68 @@ def load_safetensors(folder: Path, device: str, dtype: torch.dtype,
     in with Tensor.copy_, which broadcasts: without this check a 1-element norm weight or a
     one-row lm_head would load without a word and generate garbage. Every error names the file
     and the tensor (by the name the file uses)."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder}: no *.safetensors files in this model directory")
-    weights = {}
-    for file in files:
-        weights |= _read_file(file, device, dtype, shapes)
-    missing = [hf_name_of(name) for name in shapes if name not in weights]
-    if missing:
-        raise ValueError(f"{folder}: the checkpoint lacks {len(missing)} tensor(s) the model needs, "
-                         f"e.g. {missing[0]!r}")
-    return weights
+    checkpoint = SafetensorsCheckpoint(folder, shapes)
+    return {name: checkpoint.read(name, [], device, dtype) for name in shapes}
 
 
-def _read_file(file: Path, device: str, dtype: torch.dtype, shapes: dict) -> dict[str, torch.Tensor]:
-    """One safetensors file; a truncated or garbled file is one clear error naming it."""
+# A slice of a tensor: (dim, start, stop). A rank of a tensor-parallel engine reads only its own.
+Slices = list[tuple[int, int, int]]
+
+
+def read_slices(tensor, slices: Slices):
+    """The slices of `tensor` (a torch tensor or a safetensors slice, which reads only them),
+    concatenated along their dim; [] = the whole tensor."""
+    if not slices:
+        return tensor[:]
+    parts = [tensor[start:stop] if dim == 0 else tensor[:, start:stop] for dim, start, stop in slices]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=slices[0][0])
+
+
+class SafetensorsCheckpoint:
+    """The *.safetensors of a folder, open, every shape checked; a tensor (or a slice of it) is
+    read from disk only when asked for: a rank of a sharded model reads its slices, no more."""
+
+    def __init__(self, folder: Path, shapes: dict[str, tuple[int, ...]]):
+        files = sorted(Path(folder).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{folder}: no *.safetensors files in this model directory")
+        self.where: dict[str, tuple[Path, object, str]] = {}     # ours -> (file, open handle, its name)
+        for file in files:
+            with _naming(file):
+                handle = safe_open(str(file), framework="pt", device="cpu")
+                for hf_name in handle.keys():
+                    ours = hf_to_ours(hf_name)
+                    if ours is not None:
+                        _check_shape(file, hf_name, ours, tuple(handle.get_slice(hf_name).get_shape()), shapes)
+                        if ours in shapes:
+                            self.where[ours] = (file, handle, hf_name)
+        missing = [hf_name_of(name) for name in shapes if name not in self.where]
+        if missing:
+            raise ValueError(f"{folder}: the checkpoint lacks {len(missing)} tensor(s) the model needs, "
+                             f"e.g. {missing[0]!r}")
+
+    def read(self, name: str, slices: Slices, device: str, dtype: torch.dtype) -> torch.Tensor:
+        file, handle, hf_name = self.where[name]
+        with _naming(file):
+            return read_slices(handle.get_slice(hf_name), slices).to(device=device, dtype=dtype)
+
+
+class RandomCheckpoint:
+    """A random preset's weights as a checkpoint: each tensor drawn whole when read (seeded by its
+    name, so every rank draws the same one), then sliced."""
+
+    def __init__(self, cfg: ModelConfig, seed: int):
+        self.shapes, self.seed = param_shapes(cfg), seed
+
+    def read(self, name: str, slices: Slices, device: str, dtype: torch.dtype) -> torch.Tensor:
+        return read_slices(_random_tensor(name, self.shapes[name], self.seed, device, dtype), slices)
+
+
+@contextlib.contextmanager
+def _naming(file: Path):
+    """A truncated or garbled file is one clear error naming it."""
     try:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            names = [(hf, hf_to_ours(hf)) for hf in f.keys()]
-            for hf_name, ours in names:
-                if ours is not None:
-                    _check_shape(file, hf_name, ours, tuple(f.get_slice(hf_name).get_shape()), shapes)
-            return {ours: f.get_tensor(hf).to(device=device, dtype=dtype) for hf, ours in names
-                    if ours in shapes}
+        yield
     except (SafetensorError, OSError) as e:
         raise ValueError(f"{file}: not a readable safetensors file ({first_line(e)})") from None
 

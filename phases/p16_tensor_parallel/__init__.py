@@ -1,0 +1,8 @@
+"""Tensor parallelism: every layer's weights and the KV pool's heads split over N ranks."""
+from .async_engine import AsyncLLM
+from .engine import LLM
+from .profiler import profile_decode
+from .served import ServedLLM
+from .server import build_app
+
+__all__ = ["AsyncLLM", "LLM", "ServedLLM", "build_app", "profile_decode"]
