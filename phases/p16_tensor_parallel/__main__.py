@@ -2,7 +2,8 @@
 
   python -m phases.<phase> --chat                 # a chat; piped input: one turn per line
   python -m phases.<phase> --chat --prompt "What is the capital of France?"
-  python -m phases.<phase> --parallel pipeline --world-size 2 --prompt "Once upon a time"
+  python -m phases.<phase> --tensor-parallel-size 2 --prompt "Once upon a time"   # starts rank 1 itself
+  torchrun --nproc-per-node 2 -m phases.<phase> --tensor-parallel-size 2 --prompt "Once upon a time"
   python -m phases.<phase> --profile --preset llama-1b --batch 1,64 --steps 3
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 from common.bench import parse_engine_options
-from common.chat import CHAT_MAX_TOKENS, chat, check_streamable
+from common.chat import CHAT_MAX_TOKENS, chat
 from common.device import default_device
 from common.results import RESULTS
 from common.sampling import SamplingParams
@@ -21,7 +22,6 @@ from common.sampling import SamplingParams
 from .config import EngineConfig
 from .engine import LLM
 from .profiler import PHASE, profile_decode
-from .router import ParallelLLM
 
 DEFAULT_PROMPT = "What is the capital of France?"
 MAX_TOKENS = 128                    # one answer's default budget; a chat reply's is CHAT_MAX_TOKENS
@@ -47,8 +47,8 @@ def parse_args(argv=None):
                    "flash-attn when installed, else triton; on CPU torch)")
     p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                    help="run every step eagerly (the ablation: without this phase's idea)")
-    p.add_argument("--parallel", default="none", help="none, replica or pipeline (worker processes)")
-    p.add_argument("--world-size", type=int, default=1, help="worker processes, one device each")
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, help="ranks that split the model, "
+                   "one device each (under torchrun: its --nproc-per-node; else started here)")
     p.add_argument("--profile", action="store_true", help="profile decode steps instead of generating")
     p.add_argument("--batch", default="1,64", help="--profile: comma-separated batch sizes")
     p.add_argument("--steps", type=int, default=3, help="--profile: decode steps profiled (and traced)")
@@ -63,8 +63,8 @@ def parse_args(argv=None):
 
 def profile(args) -> None:
     """--profile: summary records and traces under results/<phase>/, one line per batch size."""
-    if args.parallel != "none":
-        raise ValueError("--profile runs one in-process engine: drop --parallel")
+    if args.tensor_parallel_size != 1:
+        raise ValueError("--profile runs one in-process engine: drop --tensor-parallel-size")
     gpu = (args.device or default_device()).startswith("cuda")
     options = {"device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend,
                "cuda_graph": args.cuda_graph} | engine_options(args.engine_options)                # --engine-options win
@@ -115,13 +115,12 @@ def main(argv=None) -> None:
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, stop=args.stop, seed=args.seed)
-        options = dict(device=args.device, dtype=args.dtype, parallel=args.parallel, world_size=args.world_size,
+        options = dict(device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
                        attention_backend=args.attention_backend, cuda_graph=args.cuda_graph) \
             | engine_options(args.engine_options)
-        engine = LLM if options["parallel"] == "none" else ParallelLLM
-        if chatting:
-            check_streamable(engine)        # refused before anything is built or started
-        llm = engine(args.model or "smollm2-135m", **options)
+        llm = LLM(args.model or "smollm2-135m", **options)
+        if llm.tp is not None and not llm.tp.driver:     # torchrun started this rank: rank 0 asks
+            return llm.follow()
         if chatting:
             return chat(llm, params)
         prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt

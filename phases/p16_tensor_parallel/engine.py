@@ -11,7 +11,6 @@ import time
 import weakref
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from common.loader import resolve
@@ -141,8 +140,10 @@ class LLM:
                 self.tp.send("step", self._ops)
                 self._ops = []
                 return self._step()
-            except (dist.DistError, ConnectionError) as e:    # a rank died, hangs, or its link broke
-                raise self.tp.fail(e) from e
+            except (RuntimeError, ConnectionError) as e:
+                if self.tp.broken(e):        # a rank died, hangs, or its link broke
+                    raise self.tp.fail(e) from e
+                raise
 
     def _step(self) -> list[tuple[int, Output]]:
         with stage("schedule"):

@@ -5,7 +5,8 @@ N ranks (processes, one device each) hold 1/N of every layer's weights and of th
 speculator, fed the same inputs, make the same decisions, so a step's plan never travels. What
 travels is only what one rank decides for all (rank 0, the driver, which the user talks to):
 
-    control (gloo, host):  ("step", ops)      before every step: the requests added, aborted, the
+    mailbox (the rendezvous's TCP store; host objects, in order):
+                           ("step", ops)      before every step: the requests added, aborted, the
                                               cache reset or recover() since the last one
                            ("tokens", tokens) after a step's forward: what rank 0 sampled
                            ("stop", None)     shutdown()
@@ -23,15 +24,18 @@ in a process without them is rank 0 and starts ranks 1..N-1 itself (`python -m <
 each with those variables set as a launcher would.
 
 Faults. A collective that waits longer than timeout_s raises (gloo's timeout; NCCL's watchdog):
-a rank that died or hangs ends the engine with an error that names it, never a hang. The control
-group waits without a bound: an idle engine is not a hung one. A spawned rank exits with its
-parent (PR_SET_PDEATHSIG) and when rank 0's side of the control group closes.
+a rank that died or hangs ends the engine with an error that names it, never a hang. Rank 0 posts
+a message without waiting for anyone (a collective would: gloo's send completes when the peer
+receives, so a hung rank would hang rank 0 in a mere broadcast); the others wait for the next one
+without a bound, an idle engine not being a hung one. A spawned rank exits with its parent
+(PR_SET_PDEATHSIG), and any rank when the store, which lives in rank 0, goes away.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -44,9 +48,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from common.weights import first_line
+
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-IDLE_FOREVER = timedelta(days=365)   # the control group's timeout: followers wait for the next step
+IDLE_FOREVER = timedelta(days=365)   # how long a follower waits for rank 0's next message
+START_TIMEOUT_S = 600                # every rank joins (imports, then the rendezvous) within this
 STOP_TIMEOUT_S = 10                  # a follower's clean exit after "stop"; then it is killed
+KEPT_MESSAGES = 16                   # rank 0 deletes older ones: no rank lags a forward behind
 
 
 class Resync(Exception):
@@ -61,11 +69,11 @@ class Resync(Exception):
 class TensorParallel:
     """One engine's process groups, from this rank's side. rank 0 drives; others follow."""
 
-    def __init__(self, rank: int, world_size: int, device: str, timeout_s: float, procs=()):
+    def __init__(self, rank: int, world_size: int, device: str, timeout_s: float, store, procs=()):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.timeout_s, self.procs = timeout_s, list(procs)     # procs: ranks rank 0 spawned
+        self.store, self.sent, self.read = store, 0, 0          # the mailbox: messages sent / read
         self.failure: str | None = None      # why this engine is unusable
-        self.control = dist.new_group(backend="gloo", timeout=IDLE_FOREVER)
 
     @property
     def driver(self) -> bool:
@@ -85,19 +93,22 @@ class TensorParallel:
 
     def agree_min(self, n: int) -> int:
         """The smallest n over the ranks (each sizes its KV pool from its own free memory; every
-        rank must have as many blocks, or their block managers would decide differently)."""
-        t = torch.tensor([n], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
-        return int(t)
+        rank must have as many blocks, or their block managers would decide differently).
+        Through the store: ranks may finish loading far apart, and a collective would time out."""
+        self.store.set(f"min/{self.rank}", str(n))
+        return min(int(self.store.get(f"min/{r}")) for r in range(self.world_size))
 
-    # --- control messages (host objects, rank 0 -> every rank) -------------------------------
+    # --- messages (host objects, rank 0 -> every rank, in order) -------------------------------
     def send(self, kind: str, payload=None) -> None:
-        dist.broadcast_object_list([(kind, payload)], src=0, group=self.control)
+        self.store.set(f"msg/{self.sent}", pickle.dumps((kind, payload)))
+        if self.sent >= KEPT_MESSAGES:
+            self.store.delete_key(f"msg/{self.sent - KEPT_MESSAGES}")
+        self.sent += 1
 
     def receive(self) -> tuple[str, object]:
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=self.control)
-        return box[0]
+        message = pickle.loads(self.store.get(f"msg/{self.read}"))     # waits for it to exist
+        self.read += 1
+        return message
 
     def receive_tokens(self) -> list[list[int]]:
         message = self.receive()
@@ -110,11 +121,21 @@ class TensorParallel:
         if self.failure:
             raise RuntimeError(self.failure)
 
+    def broken(self, error: BaseException) -> bool:
+        """Did a collective fail (its backend's error, or a rank rank 0 started is gone)? Then the
+        ranks are out of step for good; any other error is the engine's, which recover() mends."""
+        return isinstance(error, (dist.DistError, ConnectionError)) or any(p.poll() is not None for p in self.procs) \
+            or any(word in str(error) for word in ("gloo", "NCCL", "Connection"))
+
     def fail(self, error: BaseException) -> RuntimeError:
-        """A collective failed on rank 0: name the cause, stop every rank, refuse later calls."""
+        """A collective failed on rank 0: name the cause, stop every rank, refuse later calls. A
+        rank's socket closes a moment before its exit status exists: wait a second for it."""
+        deadline = time.monotonic() + 1
+        while not any(p.poll() is not None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
         dead = [f"rank {r} exited with code {p.returncode}" for r, p in enumerate(self.procs, 1)
                 if p.poll() is not None]
-        why = "; ".join(dead) if dead else f"a rank did not answer within {self.timeout_s:g} s or failed ({error})"
+        why = "; ".join(dead) or f"a rank did not answer within {self.timeout_s:g} s or failed ({first_line(error)})"
         self.failure = f"this tensor-parallel engine is unusable: {why}"
         self.close(graceful=False)
         return RuntimeError(self.failure)
@@ -167,9 +188,13 @@ def start(size: int, device: str, timeout_s: float, model: str, options: dict, d
         torch.cuda.set_device(device)       # what this rank allocates or syncs by default is its own GPU
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     try:
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", init_method="tcp://%s:%d" % address,
+        # One TCP store, served by rank 0: the process groups' rendezvous, then the mailbox.
+        store = dist.TCPStore(address[0], address[1], size, is_master=rank == 0,
+                              timeout=timedelta(seconds=START_TIMEOUT_S))
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=dist.PrefixStore("pg", store),
                                 rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s))
-        return TensorParallel(rank, size, device, timeout_s, procs)
+        store.set_timeout(IDLE_FOREVER)
+        return TensorParallel(rank, size, device, timeout_s, store, procs)
     except BaseException:
         for proc in procs:
             proc.kill()

@@ -8,8 +8,11 @@ the same engine, which joins the process groups, and follows rank 0 until it shu
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+
+import torch
 
 from .engine import LLM
 
@@ -17,6 +20,8 @@ from .engine import LLM
 def main(spec: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a terminal's Ctrl-C reaches every rank: rank 0 decides
     args = json.loads(spec)
+    if "OMP_NUM_THREADS" not in os.environ:        # CPU ranks share the host's cores, not fight for them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["WORLD_SIZE"])))
     LLM(args["model"], detokenize=args["detokenize"], **args["options"]).follow()
 
 

@@ -37,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--tensor-parallel-size", "--tp", type=int, default=None,
+                   help="ranks that split the model, one device each (the engine process starts them)")
     p.add_argument("--engine-options", default="", help="key=value,... for the engine (e.g. max_num_seqs=64)")
     p.add_argument("--max-waiting", type=int, default=1024, help="requests queued beyond the running batch "
                    "before the server answers 503")
@@ -66,7 +68,8 @@ def check_options(model: str, options: dict) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    options = {k: v for k, v in {"device": args.device, "dtype": args.dtype}.items() if v is not None} \
+    flags = {"device": args.device, "dtype": args.dtype, "tensor_parallel_size": args.tensor_parallel_size}
+    options = {k: v for k, v in flags.items() if v is not None} \
         | args.engine_options
     check_options(args.model, options)
     try:

@@ -8,7 +8,8 @@ drafts beside prefill chunks, a decode batch one lane past a graph bucket. So a 
     fields decide): seats, token budget, block size, partial prefills, prefix caching, preemption
     by recompute or swap with a pool sized to force it, speculation (n-gram or draft model, k, the
     batch-size switch); from the CUDA-graph phase on, half the time, the CPU stand-in of the
-    graph runner (the very padded static-buffer forward a replay runs, eagerly);
+    graph runner (the very padded static-buffer forward a replay runs, eagerly); from the
+    tensor-parallel phase on, a quarter of the cases without it, two ranks on gloo;
   - a workload: prompts that share one to three blocks and more, repeat exactly, fill the
     context or hold one token; greedy lengths and priorities; run as one generate() call, or
     through the step API with requests arriving while others decode and some aborted.
@@ -59,6 +60,7 @@ MAX_REQUESTS = 10
 ALPHABET = 200            # prompt ids from a small range: n-gram matches and accidental shared blocks
 INTERRUPTED_REQUESTS = 5  # at most, in a call the interrupt fuzzer cuts short (it runs on 2 or 3 engines)
 FIRST_CASES, FIRST_INTERRUPTS = 6, 4       # make test, per phase: seeds 0.. of each kind
+FIRST_RANKED = 3                           # ... and the first seeds of cases on two ranks (p16 on)
 SOAK_SEED = 100_000                        # the soak's first seed, past make test's (FUZZ_SEED moves it)
 
 # Seeds that caught a bug stay in make test beside those, in every phase. A seed stands for its
@@ -95,6 +97,11 @@ class Phase:
     def graphs(self) -> bool:
         """It has the CUDA-graph runner (p14 on), whose CPU stand-in a case may install."""
         return "cuda_graph" in self.fields
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Its engine splits over ranks (p16 on): a config case may run on two."""
+        return "tensor_parallel_size" in self.fields
 
     @property
     def package(self):
@@ -159,11 +166,17 @@ def draw_speculation(rng: random.Random, seats: int) -> dict:
                 prompt_lookup_min=low, prompt_lookup_max=rng.randint(low, 5))
 
 
-def draw_case(seed: int, phase: Phase, num_workloads: int) -> Case:
+def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -> Case:
+    """ranks=False: one rank only (the interrupt fuzzer's: a Ctrl-C is held to a step's end on a
+    tensor-parallel engine, and tests/pNN_*/test_tensor_parallel.py sends a real one)."""
     rng = random.Random(seed)
     case = Case(seed, draw_options(rng, phase))
     if phase.graphs and rng.random() < 0.5:
         case.graph_batch = rng.randint(1, case.options["max_num_seqs"])
+    # Ranks from a stream of their own: the draws above and below are the phases' before it.
+    # Not with the graph stand-in, which pads rank 0's forward alone (a GPU captures on every rank).
+    if ranks and phase.tensor_parallel and not case.graph_batch and random.Random(f"{seed}/ranks").random() < 0.25:
+        case.options["tensor_parallel_size"] = 2
     case.pool_slack = rng.choice([None, None, 0, 1, 2, rng.randint(3, 12)])
     longest = MAX_MODEL_LEN if phase.chunks else case.options["max_num_batched_tokens"]
     case.workloads = [draw_workload(rng, longest, case.options["block_size"]) for _ in range(num_workloads)]
@@ -331,6 +344,7 @@ def sized_engine(phase: Phase, case: Case, token_bytes: int):
         llm = engine(pool_bytes)
         if llm.scheduler.block_manager.num_blocks >= need:
             return llm
+        shut_down(llm)
     except ValueError:                 # its share held no block at all
         pass
     return engine(2 * pool_bytes)
@@ -420,11 +434,20 @@ def config_case(phase: Phase, seed: int, alone: Alone, token_bytes: int) -> list
     earlier left in the prefix cache); the problems found, each naming the call."""
     case = draw_case(seed, phase, num_workloads=random.Random(f"{seed}/calls").randint(2, 3))
     llm, watch = build(phase, case, token_bytes)
-    for n, workload in enumerate(case.workloads):
-        problems = judge(llm, watch, workload, run_workload(llm, watch, workload), alone)
-        if problems:
-            return [f"call {n} ({mode(workload)}): {p}" for p in problems]
-    return []
+    try:
+        for n, workload in enumerate(case.workloads):
+            problems = judge(llm, watch, workload, run_workload(llm, watch, workload), alone)
+            if problems:
+                return [f"call {n} ({mode(workload)}): {p}" for p in problems]
+        return []
+    finally:
+        shut_down(llm)
+
+
+def shut_down(llm) -> None:
+    """A tensor-parallel engine's other ranks stop now (one process group at a time per process)."""
+    if hasattr(llm, "shutdown"):
+        llm.shutdown()
 
 
 def mode(workload: Workload) -> str:
@@ -502,7 +525,7 @@ def interrupt_case(phase: Phase, seed: int, alone: Alone, token_bytes: int) -> l
     repeats that with a second interrupt at line M of the clean-up, uniform in 1..R; then only
     call B is judged (the next call finishes a clean-up cut short)."""
     rng = random.Random(f"{seed}/interrupts")
-    case = draw_case(seed, phase, num_workloads=3)        # a warm-up call, call A, call B
+    case = draw_case(seed, phase, num_workloads=3, ranks=False)   # a warm-up call, call A, call B
     warm, call_a, call_b = case.workloads
     warm.requests = warm.requests[:rng.choice([0, 3])]    # a cold engine, or a few prefixes cached
     for call in (call_a, call_b):                         # (each call runs on two or three engines)
@@ -593,7 +616,7 @@ def run_seeds(run_case, phase: Phase, seeds, alone: Alone, token_bytes: int) -> 
 
 def describe(phase: Phase, seed: int, run_case) -> str:
     """The phase, the seed, its configuration, and the command that runs that seed alone."""
-    case = draw_case(seed, phase, num_workloads=1)
+    case = draw_case(seed, phase, num_workloads=1, ranks=run_case is config_case)
     cases, interrupts = ("1", "0") if run_case is config_case else ("0", "1")
     return (f"{phase.name} {case.describe()}\n    replay: make phase-{phase.name[1:3]} fuzz FUZZ_SEED={seed} "
             f"FUZZ_CASES={cases} FUZZ_INTERRUPTS={interrupts}")
@@ -607,8 +630,16 @@ def soak_seeds(variable: str) -> range:
 
 def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes):
     """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
-    seeds = sorted({*range(FIRST_CASES), *CAUGHT_CASES})
+    seeds = sorted({*range(FIRST_CASES), *CAUGHT_CASES, *ranked_seeds(fuzz_phase)})
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
+
+
+def ranked_seeds(phase: Phase, count: int = FIRST_RANKED) -> list[int]:
+    """The first seeds whose case runs on two ranks (tensor-parallel phases; none before)."""
+    if not phase.tensor_parallel:
+        return []
+    seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("tensor_parallel_size", 1) > 1)
+    return [next(seeds) for _ in range(count)]
 
 
 def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes):
