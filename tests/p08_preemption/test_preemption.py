@@ -1,6 +1,7 @@
 """p08_preemption: blocks allocated as sequences grow, priorities, preemption by recompute and by
 swap. Nothing is lost: under a pool too small for the load every request gets exactly the tokens
 it gets with an ample pool, and the block accounting holds after every step."""
+import functools
 import importlib
 import random
 
@@ -96,11 +97,9 @@ def run_with_arrivals(llm, prompts, params, priorities, arrivals):
     return [outputs[r].token_ids for r in sorted(ids, key=ids.get)]
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-@pytest.mark.parametrize("trial", range(4))
-def test_nothing_is_lost_under_pressure(mode, trial):
-    """Random prompts, lengths, arrivals, priorities, greedy and seeded sampling, and a pool
-    between one request's worst case and a few: the tokens an ample pool gives, exactly."""
+def trial_workload(trial: int):
+    """Random prompts, lengths, arrivals, priorities, greedy and seeded sampling (seeded by the
+    trial); returns the generator too, which goes on to draw the small pool."""
     rng = random.Random(trial)
     n = 10
     prompts = [[rng.randrange(1, 1000) for _ in range(rng.randint(3, 40))] for _ in range(n)]
@@ -110,8 +109,23 @@ def test_nothing_is_lost_under_pressure(mode, trial):
     arrivals = {}
     for i in range(n):
         arrivals.setdefault(rng.randint(0, 12), []).append(i)
-    ample = engine.LLM("tiny-llama", cpu_kv_cache_bytes=1 << 20, **OPTIONS)
-    expected = run_with_arrivals(ample, prompts, params, priorities, arrivals)
+    return rng, prompts, params, priorities, arrivals
+
+
+@functools.cache
+def ample_pool_tokens(trial: int) -> list[list[int]]:
+    """The trial's tokens on an ample pool: computed once, for both preemption modes."""
+    _, *workload = trial_workload(trial)
+    return run_with_arrivals(engine.LLM("tiny-llama", cpu_kv_cache_bytes=1 << 20, **OPTIONS), *workload)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("trial", range(4))
+def test_nothing_is_lost_under_pressure(mode, trial):
+    """Random prompts, lengths, arrivals, priorities, greedy and seeded sampling, and a pool
+    between one request's worst case and a few: the tokens an ample pool gives, exactly."""
+    rng, prompts, params, priorities, arrivals = trial_workload(trial)
+    expected = ample_pool_tokens(trial)
     worst = max(-(-(len(p) + q.max_tokens) // 4) for p, q in zip(prompts, params))
     small = engine.LLM("tiny-llama", cpu_kv_cache_bytes=rng.randint(worst, 2 * worst) * KV_BYTES_PER_BLOCK,
                        preemption=mode, **OPTIONS)
