@@ -52,11 +52,14 @@ def run(llm, requests):
     return [outputs[r].token_ids for r in sorted(ids, key=ids.get)], plans
 
 
-@pytest.mark.parametrize("preemption", ["recompute", "swap"])
-@pytest.mark.parametrize("budget", [16384, 100])
+@pytest.mark.parametrize(("budget", "preemption"), [(16384, "recompute"), (100, "swap"),
+                                                    *(pytest.param(b, p, marks=pytest.mark.slow)
+                                                      for b, p in ((16384, "swap"), (100, "recompute")))])
 def test_same_plans_and_tokens_as_previous_phase(preemption, budget):
     """A 36-block pool (144 tokens) for 24 requests of up to 130: preemptions happen; a budget of
-    100 tokens splits admissions over several prefill steps. Every step and every token agree."""
+    100 tokens splits admissions over several prefill steps. Every step and every token agree.
+    `make test` runs each budget with one preemption mode (both modes and both budgets covered);
+    `make test-all` the other two pairs."""
     requests = mixed_workload()
     options = dict(kv_cache_bytes=36 * BLOCK * KV_BYTES_PER_TOKEN, preemption=preemption,
                    max_num_batched_tokens=budget, max_num_seqs=16)
