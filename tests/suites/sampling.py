@@ -94,8 +94,8 @@ def test_max_tokens(llm, prompt):
 def test_ignore_eos(real_llm, tokenizer):
     """ignore_eos keeps generating past EOS up to max_tokens; without it, EOS ends the request."""
     prompt, eos = tokenizer.chat_ids(CAPITAL_QUESTION), tokenizer.eos_token_id
-    stopped = _sample(real_llm, prompt, temperature=0, max_tokens=24)      # the answer ends in ~8
+    stopped = _sample(real_llm, prompt, temperature=0, max_tokens=12)      # the answer ends in 8
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == eos
-    ignored = _sample(real_llm, prompt, temperature=0, max_tokens=24, ignore_eos=True)
-    assert ignored.finish_reason == "length" and len(ignored.token_ids) == 24
+    ignored = _sample(real_llm, prompt, temperature=0, max_tokens=12, ignore_eos=True)
+    assert ignored.finish_reason == "length" and len(ignored.token_ids) == 12
     assert ignored.token_ids[:len(stopped.token_ids)] == stopped.token_ids
