@@ -43,8 +43,16 @@ def generate_reply(engine, messages: list[tuple[str, str]]) -> str:
 
 
 def generate_output(engine, messages: list[tuple[str, str]]):
-    ids = engine.tokenizer.messages_ids([{"role": r, "content": c} for r, c in messages])
-    return engine.generate(ids, PARAMS)[0]
+    """generate()'s greedy output for this conversation: computed once per phase (and context
+    length, which a test may lower), as the same turns recur across the tests."""
+    key = (type(engine).__module__, engine.max_model_len, tuple(messages))
+    if key not in GREEDY_OUTPUTS:
+        ids = engine.tokenizer.messages_ids([{"role": r, "content": c} for r, c in messages])
+        GREEDY_OUTPUTS[key] = engine.generate(ids, PARAMS)[0]
+    return GREEDY_OUTPUTS[key]
+
+
+GREEDY_OUTPUTS: dict = {}
 
 
 
