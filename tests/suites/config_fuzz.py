@@ -59,7 +59,7 @@ MAX_NEW_TOKENS = 16
 MAX_REQUESTS = 10
 ALPHABET = 200            # prompt ids from a small range: n-gram matches and accidental shared blocks
 INTERRUPTED_REQUESTS = 5  # at most, in a call the interrupt fuzzer cuts short (it runs on 2 or 3 engines)
-FIRST_CASES, FIRST_INTERRUPTS = 6, 4       # make test, per phase: seeds 0.. of each kind
+FIRST_CASES, FIRST_INTERRUPTS = 3, 2       # make test, per phase: seeds 0.. of each kind (the soak: more)
 FIRST_RANKED = 3                           # ... and the first seeds of cases on two ranks (p16 on)
 SOAK_SEED = 100_000                        # the soak's first seed, past make test's (FUZZ_SEED moves it)
 
