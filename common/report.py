@@ -445,6 +445,8 @@ HEADLINES = {
     "p14_cuda_graphs": ("latency", "llama-1b", {"batch": 1}, "p14", "p13", H200),
     # p15: the split against the same kernel unsplit (both engines on triton), batch 1 over 32k keys.
     "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768}, "p15 triton", "p14 triton", H200),
+    # p16 on one GPU: TP = 1 through the parallel layer against p15, where a cost would show (batch 1)
+    "p16_tensor_parallel": ("latency", "llama-1b", {"batch": 1}, "p16", "p15", H200),
 }
 
 

@@ -13,7 +13,7 @@ all-reduces move per token (no GPU: the model's shapes and the ring's formula).
 """
 from __future__ import annotations
 
-import json
+import csv
 import sys
 
 import torch
@@ -48,9 +48,13 @@ def comm(argv: list[str], make_command: str) -> None:
             rows.append({"preset": preset, "tp": n, "all_reduces_per_token": 2 * cfg.num_layers + 1,
                          "all_reduce_bytes_per_token": int(reduces), "all_gather_bytes_per_token": int(gather),
                          "kv_heads_per_rank": max(1, cfg.num_kv_heads // n)})
-    path = RESULTS / PHASE / "comm.json"
+    path = RESULTS / PHASE / "comm.csv"          # computed, not measured: not a run record
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"command": make_command, "rows": rows}, indent=1) + "\n")
+    with path.open("w", newline="") as f:
+        f.write(f"# {make_command}: computed from the presets' shapes\n")
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     print("| preset | TP | all-reduces a token | all-reduce KiB a token | logits all-gather KiB a token | KV heads a rank |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

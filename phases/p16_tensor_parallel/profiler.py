@@ -86,8 +86,8 @@ def profile_decode(model: str, batch_sizes: list[int], *, steps: int = 3, timed_
     the record's setting, so the same call profiles an option on and off."""
     from .engine import LLM                       # the engine imports stage() from this module
     check_counts(batch_sizes, steps, timed_steps, warmup)
-    if engine_options.get("parallel", "none") != "none":
-        raise ValueError("the profile runs one in-process engine: parallel must be 'none'")
+    if engine_options.get("tensor_parallel_size", 1) != 1:
+        raise ValueError("the profile runs one in-process engine: tensor_parallel_size must be 1")
     if bandwidth is None:             # measured before the KV pool takes the free memory
         device = engine_options.get("device") or default_device()
         bandwidth = roofline.copy_bandwidth(device)

@@ -2,6 +2,7 @@
 that names the stages, the same tokens with and without a profiler, ranges that cost nothing
 while no profiler records, and clear errors for bad arguments. (The GPU arithmetic of the
 summary is checked on hand-made events.)"""
+import dataclasses
 import gzip
 import importlib
 import json
@@ -126,7 +127,6 @@ def test_gpu_summary_arithmetic_on_hand_made_events(profiler):
     (dict(batch_sizes=[]), "batch sizes must be positive"),
     (dict(steps=0), "steps must be a positive integer"),
     (dict(steps=40), "decode steps need more than"),
-    (dict(parallel="replica", world_size=2), "parallel must be 'none'"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, message, profiler):
     args = dict(batch_sizes=[1], scale="small", bandwidth=1e9, **OPTIONS) | kwargs
@@ -138,11 +138,24 @@ def test_bad_arguments_are_clear_errors(kwargs, message, profiler):
     (["--batch", "0"], "batch sizes must be positive"),
     (["--batch", "1,x"], "--batch takes comma-separated integers"),
     (["--steps", "0"], "steps must be a positive integer"),
-    (["--parallel", "replica"], "drop --parallel"),
 ])
 def test_cli_bad_profile_arguments(args, message, tmp_path, cli):
     with pytest.raises(SystemExit, match=message):
         cli.main(["--profile", "--device", "cpu", "--out", str(tmp_path), *args])
+
+
+def test_profile_refuses_more_than_one_process(profiler, cli, phase, tmp_path):
+    """The profile times one in-process engine: worker processes (p04-p15's replicas and pipeline)
+    or tensor-parallel ranks (p16 on) are refused, in the API and on the command line."""
+    config = importlib.import_module(f"phases.{phase}.config").EngineConfig
+    if "tensor_parallel_size" in {f.name for f in dataclasses.fields(config)}:
+        options, flag, message = dict(tensor_parallel_size=2), ["--tensor-parallel-size", "2"], "tensor_parallel_size must be 1"
+    else:
+        options, flag, message = dict(parallel="replica", world_size=2), ["--parallel", "replica"], "parallel must be 'none'"
+    with pytest.raises(ValueError, match=message):
+        profiler.profile_decode("tiny-llama", batch_sizes=[1], scale="small", bandwidth=1e9, **OPTIONS, **options)
+    with pytest.raises(SystemExit, match=f"drop {flag[0]}"):
+        cli.main(["--profile", "--device", "cpu", "--out", str(tmp_path), *flag])
 
 
 def test_cli_profile_writes_summary_and_trace(capsys, tmp_path, cli):
