@@ -239,3 +239,44 @@ def test_torchrun_launches_the_cli_and_rank_0_answers():
 def free_port() -> int:
     from phases.p16_tensor_parallel.parallel_state import free_port as port
     return port()
+
+
+# --- the served path ----------------------------------------------------------------------------
+def rank_processes() -> set[int]:
+    run = subprocess.run(["pgrep", "-f", f"phases.{PHASE}.rank"], capture_output=True, text=True)
+    return {int(pid) for pid in run.stdout.split()}
+
+
+def test_the_server_runs_a_tensor_parallel_engine():
+    """`make phase-16 serve --tensor-parallel-size 2`: the engine process starts rank 1; streamed
+    completions give the offline tokens; shutting the server down leaves no rank behind."""
+    from phases.p16_tensor_parallel import ServedLLM
+    prompts = [[5, 6, 7, 8], list(range(100, 130))]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    expected = ids(LLM("tiny-llama", kv_cache_bytes=1 << 22, **BASE).generate(prompts, params))
+    before = rank_processes()
+    served = ServedLLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 21, **BASE)
+    try:
+        assert len(rank_processes() - before) == 1
+        assert ids(served.generate(prompts, params)) == expected
+    finally:
+        served.shutdown()
+    deadline = time.monotonic() + 20
+    while rank_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not rank_processes() - before
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "flash-attn"])
+def test_one_rank_replays_p15_tokens_on_a_gpu(backend):
+    """TP = 1 through the new layer, graphs captured: p15's tokens bit for bit (bf16, llama shapes)."""
+    if backend == "flash-attn":
+        pytest.importorskip("flash_attn.cute")
+    from phases.p15_flash_decoding import LLM as P15
+    prompts = [list(range(1000, 1000 + n)) for n in (7, 300, 1500)]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    options = dict(device="cuda", dtype="bfloat16", kv_cache_bytes=1 << 30, attention_backend=backend)
+    expected = ids(P15("llama-1b", **options).generate(prompts, params))
+    assert ids(LLM("llama-1b", **options).generate(prompts, params)) == expected
