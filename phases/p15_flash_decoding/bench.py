@@ -8,12 +8,14 @@ batch. So the parts that show the idea are long-context decode at batch 1 ("long
 prompts of 4k, 16k and 32k tokens, then 256 new tokens), both engines on our Triton kernel (the
 only difference is the split), and the kernel sweep (`kernel`: the kernel alone, replayed in CUDA
 graphs, against the copy bandwidth). The standard parts (latency, 64 in flight, offline) check
-that nothing regressed where the batch already fills the GPU (one split: the previous kernel).
+that nothing regressed where the batch already fills the GPU (one split: the previous kernel);
+"nano-vllm" and "nano-vllm-8b" run the peer engine on those workloads in the same machine start.
 """
 from __future__ import annotations
 
 import sys
 
+from common import peer
 from common.bench_set import run_parts
 
 PHASE = __package__.split(".")[-1]
@@ -48,6 +50,8 @@ GPU_PARTS = {
     "latency-8b": standard("latency", "llama-8b"),
     "concurrency": standard("concurrency", "llama-1b", "--concurrency", "64"),
     "offline": standard("offline", "llama-1b"),
+    "nano-vllm": peer.part(PHASE, "1b"),          # the peer engine on the same workloads, same machine start
+    "nano-vllm-8b": peer.part(PHASE, "8b"),
 }
 CPU_PARTS = {
     "kernel": kernel,
