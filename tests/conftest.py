@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
     """Deselect what tests/selection.py says `make test` need not run again: a shared suite runs in
     full only in phases whose copy of its files changed (elsewhere its smoke subset), a
     @pytest.mark.worker_code test only where worker.py / worker_pool.py changed (server_process:
-    serve.py / served.py), and a @pytest.mark.slow test only in make test-all. A
+    serve.py / served.py; sampler_code: sampler.py), and a @pytest.mark.slow test only in make test-all. A
     @pytest.mark.fuzz_soak test runs only when asked for by name (make fuzz, pytest -m fuzz_soak),
     never in make test or make test-all. Then skip @pytest.mark.gpu tests on machines without
     CUDA (every other test runs on CPU)."""

@@ -117,6 +117,7 @@ SUITES: dict[str, Suite] = {
 MARKED: dict[str, tuple[str, ...]] = {
     "worker_code": ("worker.py", "worker_pool.py"),    # processes spawned, killed, left to die
     "server_process": ("serve.py", "served.py"),      # the server process started, interrupted, orphaned
+    "sampler_code": ("sampler.py",),                  # rejection sampling's statistics: sampler.verify alone
 }
 
 SLOW = "slow"                                   # a marker: only in make test-all

@@ -353,6 +353,8 @@ def test_metrics_endpoint_names_the_counters(phase):
 
 
 # --- rejection sampling on a small vocabulary ----------------------------------------------------
+# sampler.verify alone, on fixed logits: marked sampler_code, these run where sampler.py changed
+# from the phase before (tests/selection.py MARKED), the same function elsewhere
 V, N, ALPHA = 6, 20000, 1e-3
 PARAMS = SamplingParams(temperature=1.0, seed=0)
 
@@ -392,6 +394,7 @@ def q_far_from_p(k: int) -> torch.Tensor:
     return torch.softmax(torch.randn(k, V, generator=torch.Generator().manual_seed(3)) * 2.0, dim=-1)
 
 
+@pytest.mark.sampler_code
 @pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
 def test_first_token_is_distributed_as_the_target(sampler, deterministic):
     k = 3
@@ -401,6 +404,7 @@ def test_first_token_is_distributed_as_the_target(sampler, deterministic):
     assert chi_square_p_value(torch.bincount(first, minlength=V).double(), p.double()) > ALPHA
 
 
+@pytest.mark.sampler_code
 def test_second_token_given_the_first_is_distributed_as_the_target(sampler):
     """Where the first draft stood, the second token is row 1's sample (the fixed logits make it
     independent of the first): accepted drafts and the resample after them both count."""
@@ -413,6 +417,7 @@ def test_second_token_given_the_first_is_distributed_as_the_target(sampler):
     assert chi_square_p_value(torch.bincount(second, minlength=V).double(), p.double()) > ALPHA
 
 
+@pytest.mark.sampler_code
 def test_the_test_catches_a_sampler_that_keeps_every_draft(sampler):
     k = 3
     q = q_far_from_p(k)
@@ -421,12 +426,14 @@ def test_the_test_catches_a_sampler_that_keeps_every_draft(sampler):
     assert chi_square_p_value(torch.bincount(first, minlength=V).double(), p.double()) < 1e-12
 
 
+@pytest.mark.sampler_code
 def test_greedy_verify_keeps_the_agreeing_prefix_and_adds_the_target_token(sampler):
     assert sampler.verify_greedy([5, 6, 7, 8], [5, 6, 9]) == [5, 6, 7]
     assert sampler.verify_greedy([5, 6, 7, 8], [1, 6, 7]) == [5]
     assert sampler.verify_greedy([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]
 
 
+@pytest.mark.sampler_code
 def test_seeded_verify_is_reproducible(sampler):
     logits, q = target(3), q_far_from_p(3)
     runs = [sampler.verify(logits, [1, 2, 3], q, PARAMS, torch.Generator().manual_seed(11)) for _ in range(2)]
