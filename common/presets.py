@@ -28,6 +28,14 @@ def _llama(**kw) -> dict:
     return {**base, **kw}
 
 
+def _deepseek_v2(**kw) -> dict:
+    """DeepSeek-V2's attention (MLA) with a dense MLP in every layer (first_k_dense_replace = all)."""
+    base = dict(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], hidden_act="silu",
+                rms_norm_eps=1e-6, rope_theta=10000.0, q_lora_rank=None, tie_word_embeddings=False,
+                attention_bias=False, bos_token_id=1, eos_token_id=2)
+    return {**base, "first_k_dense_replace": kw["num_hidden_layers"], **kw}
+
+
 def _qwen2(**kw) -> dict:
     base = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_act="silu",
                 rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=8192,
@@ -54,6 +62,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("llama-8b", "random", "Llama-3.1-8B shape, random weights",
            _llama(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=128)),
+    Preset("tiny-mla", "random", "2-layer DeepSeek-V2-style MLA (latent 32, rotary key 8), tiny dims, for fast tests",
+           _deepseek_v2(vocab_size=49152, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=2048)),
+    Preset("mla-lite", "random", "DeepSeek-V2-Lite's attention (16 heads, latent 512, rotary 64), dense MLPs, random weights",
+           _deepseek_v2(vocab_size=102400, hidden_size=2048, intermediate_size=10944, num_hidden_layers=27,
+                        num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=65536)),
     Preset("qwen2-0.5b", "random", "Qwen2-0.5B shape (qkv bias), random weights",
            _qwen2(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2)),

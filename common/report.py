@@ -447,6 +447,8 @@ HEADLINES = {
     "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768}, "p15 triton", "p14 triton", H200),
     # p16 on one GPU: TP = 1 through the parallel layer against p15, where a cost would show (batch 1)
     "p16_tensor_parallel": ("latency", "llama-1b", {"batch": 1}, "p16", "p15", H200),
+    # p17: decode over the latents against rebuilding K and V each step, batch 1 over 32k keys
+    "p17_mla": ("latency", "mla-lite", {"batch": 1, "prompt_len": 32768}, "p17", "p17 mla_decode=naive", H200),
 }
 
 

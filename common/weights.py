@@ -175,6 +175,9 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, d)
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
+        if cfg.is_mla:
+            shapes |= mla_shapes(cfg, p)
+            continue
         shapes |= {p + "attn_norm.weight": (d,), p + "mlp_norm.weight": (d,),
                    p + "attn.q_proj.weight": (q, d), p + "attn.k_proj.weight": (kv, d),
                    p + "attn.v_proj.weight": (kv, d), p + "attn.o_proj.weight": (d, q),
@@ -183,6 +186,19 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qkv_bias:
             shapes |= {p + "attn.q_proj.bias": (q,), p + "attn.k_proj.bias": (kv,), p + "attn.v_proj.bias": (kv,)}
     return shapes
+
+
+def mla_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """One DeepSeek-V2 layer (dense MLP): q, the latent + rotary key, the latent's norm, the latent's
+    up-projection to each head's key (no rope part) and value, o."""
+    d, f, h, r = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.kv_lora_rank
+    return {p + "attn_norm.weight": (d,), p + "mlp_norm.weight": (d,),
+            p + "attn.q_proj.weight": (h * cfg.head_dim, d),
+            p + "attn.kv_a_proj_with_mqa.weight": (r + cfg.qk_rope_head_dim, d),
+            p + "attn.kv_a_layernorm.weight": (r,),
+            p + "attn.kv_b_proj.weight": (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), r),
+            p + "attn.o_proj.weight": (d, h * cfg.v_head_dim),
+            p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f)}
 
 
 def random_weights(cfg: ModelConfig, seed: int, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:

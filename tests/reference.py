@@ -28,7 +28,7 @@ from common.hf_reference import build_hf_model, hf_greedy
 from common.loader import resolve
 
 REF_NEW_TOKENS = 32                      # greedy tokens per prompt, EOS ignored
-REF_PRESETS = ("smollm2-135m", "tiny-llama", "tiny-qwen2")
+REF_PRESETS = ("smollm2-135m", "tiny-llama", "tiny-qwen2", "tiny-mla")
 RANDOM_PROMPT_LENS = (9, 32, 32, 600)    # two equal lengths (padding-free batches), one > 512
 CAPITAL_QUESTION = "What is the capital of France?"
 REAL_POOL_BYTES = 96 << 20               # a test's SmolLM2 KV pool: 2,100 tokens at fp32 (see real_pool)

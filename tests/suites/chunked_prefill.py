@@ -352,7 +352,9 @@ def test_staggered_mixed_requests_equal_previous_phase(phase, previous, budget, 
 def test_pipeline_chunks_give_the_in_process_tokens(phase):
     """Two stages over gloo: prompts longer than the budget are chunked by the head's scheduler;
     the tail attends over its half's pool with each sequence's computed length. Same tokens."""
-    ParallelLLM = importlib.import_module(f"phases.{phase}").ParallelLLM
+    ParallelLLM = getattr(importlib.import_module(f"phases.{phase}"), "ParallelLLM", None)
+    if ParallelLLM is None:
+        pytest.skip("no pipeline in this phase (p16 on: tensor parallelism replaced p04's process layer)")
     options = dict(block_size=BLOCK, max_num_batched_tokens=8, max_num_seqs=4, cpu_kv_cache_bytes=1 << 21)
     prompts = [list(range(1, 30)), [5, 6, 7], list(range(40, 60))]
     params = [greedy(6), greedy(9), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=7, ignore_eos=True)]

@@ -9,7 +9,8 @@ drafts beside prefill chunks, a decode batch one lane past a graph bucket. So a 
     by recompute or swap with a pool sized to force it, speculation (n-gram or draft model, k, the
     batch-size switch); from the CUDA-graph phase on, half the time, the CPU stand-in of the
     graph runner (the very padded static-buffer forward a replay runs, eagerly); from the
-    tensor-parallel phase on, a quarter of the cases without it, two ranks on gloo;
+    tensor-parallel phase on, a quarter of the cases without it, two ranks on gloo; from the MLA
+    phase on, the model is tiny-mla and the decode absorbed or naive;
   - a workload: prompts that share one to three blocks and more, repeat exactly, fill the
     context or hold one token; greedy lengths and priorities; run as one generate() call, or
     through the step API with requests arriving while others decode and some aborted.
@@ -51,7 +52,8 @@ import torch
 import common
 from common.sampling import SamplingParams
 
-MODEL = "tiny-llama"
+MODEL = "tiny-llama"      # the model every case runs on; a phase with latent attention (p17 on) runs
+MLA_MODEL = "tiny-mla"    # DeepSeek-V2-style MLA instead (its cache and decode are that phase's idea)
 # float32: a reorganized sum must not flip a greedy token; token ids are compared, so no text
 BASE = dict(device="cpu", dtype="float32", detokenize=False)
 MAX_MODEL_LEN = 64
@@ -97,6 +99,10 @@ class Phase:
     def graphs(self) -> bool:
         """It has the CUDA-graph runner (p14 on), whose CPU stand-in a case may install."""
         return "cuda_graph" in self.fields
+
+    @property
+    def model(self) -> str:
+        return MLA_MODEL if "mla_decode" in self.fields else MODEL
 
     @property
     def tensor_parallel(self) -> bool:
@@ -175,6 +181,10 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
         case.graph_batch = rng.randint(1, case.options["max_num_seqs"])
     # Ranks from a stream of their own: the draws above and below are the phases' before it.
     # Not with the graph stand-in, which pads rank 0's forward alone (a GPU captures on every rank).
+    if "mla_decode" in phase.fields:          # (a stream of its own too); the naive decode is not
+        case.options["mla_decode"] = random.Random(f"{seed}/mla").choice(["absorbed", "naive"])
+        if case.options["mla_decode"] == "naive":     # captured on a GPU: no graph stand-in
+            case.graph_batch = None
     if ranks and phase.tensor_parallel and not case.graph_batch and random.Random(f"{seed}/ranks").random() < 0.25:
         case.options["tensor_parallel_size"] = 2
     case.pool_slack = rng.choice([None, None, 0, 1, 2, rng.randint(3, 12)])
@@ -252,7 +262,7 @@ class Alone:
     same steps, one request, one token each)."""
 
     def __init__(self, phase: Phase):
-        self.llm = phase.package.LLM(MODEL, max_model_len=MAX_MODEL_LEN, **BASE)
+        self.llm = phase.package.LLM(phase.model, max_model_len=MAX_MODEL_LEN, **BASE)
         self.answers: dict[tuple[int, ...], list[int]] = {}
 
     def tokens(self, prompt: list[int], max_tokens: int) -> list[int]:
@@ -334,7 +344,7 @@ def sized_engine(phase: Phase, case: Case, token_bytes: int):
     the largest request, the engine is built again with twice the bytes."""
     def engine(pool_bytes: int | None):
         pool = {} if pool_bytes is None else {"kv_cache_bytes": pool_bytes}
-        return phase.package.LLM(MODEL, **BASE, **case.options, **pool)
+        return phase.package.LLM(phase.model, **BASE, **case.options, **pool)
     if case.pool_slack is None:
         return engine(None)
     need = max(-(-(len(r.prompt) + r.max_tokens) // case.options["block_size"])

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-SHAPE = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)     # what KVCache reads of a model
+SHAPE = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8,     # what KVCache reads of a model
+                        is_mla=False)                                  # (p17 on: a latent pool, or K and V)
 
 
 def _cache(phase, device):

@@ -1,0 +1,4 @@
+"""p17_mla: prompts prefilled in chunks beside the decodes, the previous phase's tokens (the shared suite tests/suites/chunked_prefill.py)."""
+from tests.suites.chunked_prefill import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE, PREVIOUS = "p17_mla", "p13_speculative_decoding"

@@ -1,0 +1,4 @@
+"""p17_mla: the command line in-process (the shared suite tests/suites/run_cli.py)."""
+from tests.suites.run_cli import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p17_mla"
