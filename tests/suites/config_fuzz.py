@@ -51,6 +51,7 @@ import torch
 
 import common
 from common.sampling import SamplingParams
+from tests import selection
 
 MODEL = "tiny-llama"      # the model every case runs on; a phase with latent attention (p17 on) runs
 MLA_MODEL = "tiny-mla"    # DeepSeek-V2-style MLA instead (its cache and decode are that phase's idea)
@@ -644,10 +645,18 @@ def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, to
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
 
 
-def ranked_seeds(phase: Phase, count: int = FIRST_RANKED) -> list[int]:
-    """The first seeds whose case runs on two ranks (tensor-parallel phases; none before)."""
+RANK_FILES = ("parallel_state.py", "parallel_layers.py")   # the ranks' own code (p16 on)
+
+
+def ranked_seeds(phase: Phase) -> list[int]:
+    """The first seeds whose case runs on two ranks (tensor-parallel phases; none before):
+    FIRST_RANKED where the ranks' code differs from the phase before's, one elsewhere (the ranks
+    still run that phase's engine; each such case starts processes: seconds a case)."""
     if not phase.tensor_parallel:
         return []
+    names = selection.phases()
+    before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
+    count = FIRST_RANKED if selection.differ(RANK_FILES, phase.name, before) else 1
     seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("tensor_parallel_size", 1) > 1)
     return [next(seeds) for _ in range(count)]
 
