@@ -9,13 +9,15 @@ parts that show it run DeepSeek-V2-Lite's attention shape ("mla-lite", random we
 at batch 1 ("long") and 64 in flight ("long-64") over prompts of 4k and 32k tokens, absorbed
 against naive; "kernel" times the latent kernel alone against the copy bandwidth; "kv-bytes"
 computes what a token's cache entry costs (no GPU). "latency" checks that llama-1b (grouped-query
-attention: nothing of this phase runs) did not regress against p16.
+attention: nothing of this phase runs) did not regress against p16; "nano-vllm" runs the peer
+engine on that workload in the same machine start.
 """
 from __future__ import annotations
 
 import csv
 import sys
 
+from common import peer
 from common.bench_set import run_parts
 from common.loader import resolve
 from common.results import RESULTS
@@ -68,6 +70,7 @@ GPU_PARTS = {
     "kv-bytes": kv_bytes,
     "latency": [["--workload", "latency", "--presets", "llama-1b",
                  "--engines", ",".join([PREVIOUS, f"{PREVIOUS}#2", ENGINE])]],
+    "nano-vllm": peer.part(PHASE, "1b"),          # the peer engine beside "latency", same machine start
 }
 CPU_PARTS = {
     "kernel": kernel,
