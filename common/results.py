@@ -49,8 +49,10 @@ def provenance(device_name: str) -> dict:
 
 
 def device_tag(device_name: str) -> str:
-    """File-name tag for a device: "NVIDIA H200" -> "h200", "cpu" -> "cpu"."""
-    return device_name.split()[-1].lower() if device_name != "cpu" else "cpu"
+    """File-name tag for a device: its model number, lower case ("NVIDIA H200" -> "h200",
+    "NVIDIA H100 80GB HBM3" -> "h100"); "cpu" -> "cpu"; a name without one -> its last word."""
+    model = re.search(r"\b[A-Z]{1,2}\d{2,4}\b", device_name)
+    return (model.group(0) if model else device_name.split()[-1]).lower()
 
 
 def trace_name(device_name: str, model: str, batch: int) -> str:
