@@ -140,11 +140,14 @@ class TritonAttention(TorchAttention):
         self.paged_decode, self.choose_num_splits = paged_decode, choose_num_splits
         self.num_sms = None
 
-    def splits(self, q, k_pages, step) -> int:
+    def sm_count(self, q) -> int:
         if self.num_sms is None:
             self.num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count \
                 if q.is_cuda else self.INTERPRETER_SMS
-        return self.choose_num_splits(q.shape[0], k_pages.shape[2], self.num_sms, step.max_context_len)
+        return self.num_sms
+
+    def splits(self, q, k_pages, step) -> int:
+        return self.choose_num_splits(q.shape[0], k_pages.shape[2], self.sm_count(q), step.max_context_len)
 
     def prepare(self, step) -> None:
         if step.is_prefill:                    # the reference's prefill indexes the block table;
@@ -155,9 +158,11 @@ class TritonAttention(TorchAttention):
                                  self.splits(q, k_pages, step))
 
     def latent_decode(self, q, pool, rank: int, scale: float, step) -> torch.Tensor:
-        """MLA: one latent "KV head" shared by all H query heads (triton_mla.py), split as above."""
-        from .triton_mla import latent_decode
-        return latent_decode(q, pool, step.block_tables, step.context_lens, rank, scale, self.splits(q, pool, step))
+        """MLA: one latent "KV head" shared by all H query heads (triton_mla.py), split by its own
+        rule (more splits: one KV head makes few programs), from host ints as above."""
+        from .triton_mla import choose_latent_splits, latent_decode
+        splits = choose_latent_splits(q.shape[0], self.sm_count(q), step.max_context_len)
+        return latent_decode(q, pool, step.block_tables, step.context_lens, rank, scale, splits)
 
 
 def _output(out) -> torch.Tensor:

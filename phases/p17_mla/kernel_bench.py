@@ -6,7 +6,8 @@
    the interpreter (fp32), 2e-2 on a GPU (bf16).
 2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 16),
    batch 1 to 64 x contexts 1k to 32k: the split count the kernel chooses ("triton") and one split
-   ("triton 1 split"), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
+   ("triton 1 split"), and at batch 1 and 4 the counts around the chosen one ("triton S=n": the
+   data the split rule answers to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
    values a token) against the copy bandwidth measured in the same run.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
@@ -27,14 +28,14 @@ from common.device import device_name                     # noqa: E402
 from common.results import RESULTS, device_tag, provenance, write_records   # noqa: E402
 
 from .mla import latent_decode_reference                  # noqa: E402
-from .triton_decode import choose_num_splits              # noqa: E402
-from .triton_mla import latent_decode                     # noqa: E402
+from .triton_mla import choose_latent_splits, latent_decode   # noqa: E402
 
 PHASE = __package__.split(".")[-1]
 # (batch, heads, latent, rotary, page, context lengths): awkward on purpose
 CHECKS = [(3, 4, 32, 8, 4, [15, 1, 9]), (2, 16, 64, 16, 5, [33, 70]), (4, 16, 512, 64, 16, [1, 17, 100, 255])]
 CHECK_SPLITS = (1, 2, 3, 8)
 CONTEXTS, BATCHES = (1024, 4096, 16384, 32768), (1, 4, 16, 64)
+SWEEP_SPLITS = (16, 32, 64, 128, 256)     # at batch 1 and 4: the split counts around the chosen one
 HEADS, RANK, ROPE, PAGE = 16, 512, 64, 16
 
 
@@ -76,9 +77,10 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
     results = []
     for context, B in ((c, b) for c in CONTEXTS for b in BATCHES):
         q, pool, table, lens, _ = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
-        chosen = choose_num_splits(B, 1, sms, context)
+        chosen = choose_latent_splits(B, sms, context)
         row_bytes = B * context * (RANK + ROPE) * 2                   # each cached row read once
-        for name, splits in (("triton", chosen), ("triton 1 split", 1)):
+        sweep = [(f"triton S={s}", s) for s in SWEEP_SPLITS if B <= 4 and s != chosen]
+        for name, splits in (("triton", chosen), ("triton 1 split", 1), *sweep):
             us = 1e3 * triton.testing.do_bench_cudagraph(
                 lambda: latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, splits), rep=50, return_mode="median")
             gb_s = row_bytes / (us * 1e-6) / 1e9

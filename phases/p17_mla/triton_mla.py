@@ -19,7 +19,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRETED, alloc_scratch, combine_splits
+from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits
+
+BLOCK_N = 32                 # cached rows per tile: 32 x 576 bf16 = 36 KB, one tile in flight per stage
+# One latent "KV head": at batch 1 there is one program per split, so p15's cap of 64 splits (set
+# for 8 KV heads: 8 x 33 programs) would leave half of an H100's 132 SMs idle. A split's partial is
+# H x r floats (32 KB for 16 heads): 256 of them are 8 MB of scratch and a short combine.
+MAX_SPLITS = 256
+
+
+def choose_latent_splits(batch: int, num_sms: int, max_context_len: int) -> int:
+    """p15's rule (triton_decode.choose_num_splits) for one KV head, tiles of BLOCK_N rows, up to
+    MAX_SPLITS: batch 1 over 32k rows on 132 SMs -> 256 splits of 128 rows (4 tiles) each."""
+    return choose_num_splits(batch, 1, num_sms, max_context_len, block_n=BLOCK_N, max_splits=MAX_SPLITS)
 
 
 @triton.jit
@@ -78,7 +90,7 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  rank: int, scale: float, num_splits: int = 1, block_n: int = 32) -> torch.Tensor:
+                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
     No host read of device data, grids (B, S) and (B, H): capturable in a CUDA graph."""
     B, H, W = q.shape
