@@ -58,10 +58,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)),
     Preset("llama-1b", "random", "Llama-3.2-1B shape, random weights",
            _llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)),
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+                  max_position_embeddings=131072)),     # the real models' context: long-context parts fit
     Preset("llama-8b", "random", "Llama-3.1-8B shape, random weights",
            _llama(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=8, head_dim=128)),
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072)),
     Preset("tiny-mla", "random", "2-layer DeepSeek-V2-style MLA (latent 32, rotary key 8), tiny dims, for fast tests",
            _deepseek_v2(vocab_size=49152, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,

@@ -120,15 +120,17 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scal
 
 @triton.jit
 def _combine_kernel(o_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                    stride_outb, stride_outh, S: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (b, h): out[b, h] = sum_s w_s o[b, h, s] / sum_s w_s, w_s = exp(lse_s - max lse).
+                    stride_outb, stride_outh, S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (b, h, d): out[b, h, dims d] = sum_s w_s o[b, h, s, dims d] / sum_s w_s,
+    w_s = exp(lse_s - max lse), over BLOCK_D of the head's dims (MLA's 512-wide latent heads are
+    merged by several programs, each holding a (BLOCK_S, BLOCK_D) tile instead of (S, 512)).
 
     An empty split (lse -inf) weighs 0 and its partial is not even read, so scratch that was never
     written cannot leak in. A row with no keys at all (length 0) gets zeros.
     """
     b, h = tl.program_id(0), tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
-    dims = tl.arange(0, D)
+    dims = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + splits, mask=splits < S, other=float("-inf"))
     full = lse > float("-inf")                                # (BLOCK_S,) splits that saw keys
     top = tl.max(lse, axis=0)
@@ -149,13 +151,21 @@ def alloc_scratch(batch: int, heads: int, num_splits: int, head_dim: int, device
     return partial, lse
 
 
+COMBINE_TILE = 4096     # floats one combine program holds: p15's widest case (32 splits x 128 dims)
+
+
 def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> torch.Tensor:
-    """Merge the first num_splits partials of each (b, h) into out (B, H, D): one program per row."""
+    """Merge the first num_splits partials of each (b, h) into out (B, H, D): programs of
+    (row, a slice of BLOCK_D dims), the slice as wide as COMBINE_TILE allows at this split count
+    (a GQA head at <= 32 splits: one slice; a 512-wide latent head at 256 splits: 32 slices of 16)."""
     B, H, D = out.shape
     assert partial.stride(-1) == 1 and lse.stride(-1) == 1 and out.stride(-1) == 1
-    _combine_kernel[(B, H)](partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2),
-                            lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-                            S=num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits))
+    block_s = triton.next_power_of_2(num_splits)
+    block_d = min(D, max(16, COMBINE_TILE // block_s))
+    _combine_kernel[(B, H, triton.cdiv(D, block_d))](
+        partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        S=num_splits, BLOCK_D=block_d, BLOCK_S=block_s)
     return out
 
 
