@@ -419,6 +419,7 @@ def before_after_all(records: list[dict], phase: str, workloads=tuple(WORKLOADS)
 # phase folder -> (workload, preset, workload setting, this phase's engine label, baseline label, device).
 # The device is where the headline was measured; a phase measured on CPU only says so.
 H200 = "NVIDIA H200"
+H100 = "NVIDIA H100 80GB HBM3"
 HEADLINES = {
     "p01_serial_decode": ("latency", "llama-8b", {"batch": 1}, "p01", "hf-generate", H200),
     "p02_paged_kv": ("concurrency", "llama-1b", {"concurrency": 8}, "p02", "p01", H200),
@@ -444,11 +445,11 @@ HEADLINES = {
     # p14: batch 1, where every step was the host's launch time
     "p14_cuda_graphs": ("latency", "llama-1b", {"batch": 1}, "p14", "p13", H200),
     # p15: the split against the same kernel unsplit (both engines on triton), batch 1 over 32k keys.
-    "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768}, "p15 triton", "p14 triton", H200),
+    "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768}, "p15 triton", "p14 triton", H100),
     # p16 on one GPU: TP = 1 through the parallel layer against p15, where a cost would show (batch 1)
-    "p16_tensor_parallel": ("latency", "llama-1b", {"batch": 1}, "p16", "p15", H200),
+    "p16_tensor_parallel": ("latency", "llama-1b", {"batch": 1}, "p16", "p15", H100),
     # p17: decode over the latents against rebuilding K and V each step, batch 1 over 32k keys
-    "p17_mla": ("latency", "mla-lite", {"batch": 1, "prompt_len": 32768}, "p17", "p17 mla_decode=naive", H200),
+    "p17_mla": ("latency", "mla-lite", {"batch": 1, "prompt_len": 32768}, "p17", "p17 mla_decode=naive", H100),
 }
 
 
