@@ -1,0 +1,121 @@
+"""`make phase-NN kernel`: check the latent (MLA) decode kernel, then time it.
+
+1. Check: triton_mla.latent_decode against mla.latent_decode_reference in float64, on scattered
+   page tables, contexts that end mid-page, 4 heads (padded to 16) and 16, rotary parts of 8
+   (padded) and 64, at 1, 2, 3 and 8 splits (more splits than tiles included); tolerance 1e-4 in
+   the interpreter (fp32), 2e-2 on a GPU (bf16).
+2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 16),
+   batch 1 to 64 x contexts 1k to 32k: the split count the kernel chooses ("triton") and one split
+   ("triton 1 split"), and at batch 1 and 4 the counts around the chosen one ("triton S=n": the
+   data the split rule answers to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
+   values a token) against the copy bandwidth measured in the same run.
+Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")       # before triton is first imported
+
+from common import roofline                               # noqa: E402
+from common.device import device_name                     # noqa: E402
+from common.results import RESULTS, device_tag, provenance, write_records   # noqa: E402
+
+from .mla import latent_decode_reference                  # noqa: E402
+from .triton_mla import choose_latent_splits, latent_decode   # noqa: E402
+
+PHASE = __package__.split(".")[-1]
+# (batch, heads, latent, rotary, page, context lengths): awkward on purpose
+CHECKS = [(3, 4, 32, 8, 4, [15, 1, 9]), (2, 16, 64, 16, 5, [33, 70]), (4, 16, 512, 64, 16, [1, 17, 100, 255])]
+CHECK_SPLITS = (1, 2, 3, 8)
+CONTEXTS, BATCHES = (1024, 4096, 16384, 32768), (1, 4, 16, 64)
+SWEEP_SPLITS = (16, 32, 64, 128, 256)     # at batch 1 and 4: the split counts around the chosen one
+HEADS, RANK, ROPE, PAGE = 16, 512, 64, 16
+
+
+def random_case(B, heads, rank, rope, page, lens, device, dtype):
+    """q (B, H, W), a pool with scattered page tables, lengths, and the reference's step view."""
+    pages = sum(-(-n // page) for n in lens) + 7
+    pool = torch.randn(pages, page, 1, rank + rope, device=device).to(dtype)
+    order, tables, at = torch.randperm(pages).tolist(), [], 0
+    for n in lens:
+        tables.append(order[at:at + -(-n // page)])
+        at += len(tables[-1])
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(B, heads, rank + rope, device=device).to(dtype)
+    return q, pool, table, lens_t, SimpleNamespace(block_tables=table, context_lens=lens_t, max_context_len=max(lens))
+
+
+def check(device: str, dtype: torch.dtype) -> list[dict]:
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    results = []
+    for B, heads, rank, rope, page, lens in CHECKS:
+        q, pool, table, lens_t, step = random_case(B, heads, rank, rope, page, lens, device, dtype)
+        scale = (rank + rope) ** -0.5
+        ref = latent_decode_reference(q.double(), pool.double(), rank, scale, step)
+        for splits in CHECK_SPLITS:
+            err = (latent_decode(q, pool, table, lens_t, rank, scale, splits).double() - ref).abs().max().item()
+            results.append({"setting": {"batch": B, "heads": heads, "rank": rank, "rope": rope, "page": page,
+                                        "lens": lens, "num_splits": splits},
+                            "metrics": {"max_abs_err": err}, "ok": err < tolerance})
+            print(f"[kernel] check B={B} H={heads} r={rank} rope={rope} page={page} S={splits}: "
+                  f"max error {err:.2e} {'ok' if err < tolerance else 'FAILED'}", flush=True)
+    return results
+
+
+def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
+    import triton.testing
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    results = []
+    for context, B in ((c, b) for c in CONTEXTS for b in BATCHES):
+        q, pool, table, lens, _ = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
+        chosen = choose_latent_splits(B, sms, context)
+        row_bytes = B * context * (RANK + ROPE) * 2                   # each cached row read once
+        sweep = [(f"triton S={s}", s) for s in SWEEP_SPLITS if B <= 4 and s != chosen]
+        for name, splits in (("triton", chosen), ("triton 1 split", 1), *sweep):
+            us = 1e3 * triton.testing.do_bench_cudagraph(
+                lambda: latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, splits), rep=50, return_mode="median")
+            gb_s = row_bytes / (us * 1e-6) / 1e9
+            results.append({"engine": name, "preset": "mla-lite", "timer": "cudagraph",
+                            "setting": {"batch": B, "context": context, "page": PAGE, "heads": HEADS,
+                                        "num_splits": splits},
+                            "metrics": {"us": us, "kv_gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s}})
+            print(f"[kernel] {name:<14} B={B:<3} context={context:<6} S={splits:<3} {us:9.1f} us {gb_s:7.0f} GB/s "
+                  f"({100 * results[-1]['metrics']['copy_frac']:.0f}% of copy)", flush=True)
+        del q, pool
+        torch.cuda.empty_cache()
+    return results
+
+
+def main(argv: list[str] | None = None, make_command: str | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check-only", action="store_true", help="skip the timings")
+    args, _ = p.parse_known_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    checks = check(device, dtype)
+    if not all(c["ok"] for c in checks):
+        raise SystemExit("[kernel] the kernel disagrees with the reference: no timings taken")
+    name = device_name(device)
+    prov = provenance(name) | {"make_command": make_command or f"make phase-{PHASE[1:3]} kernel"}
+    base = {"phase": PHASE, "preset": "mla-lite", "dtype": str(dtype).removeprefix("torch."), "scale": "full",
+            "device": name, "provenance": prov}
+    records = [base | {"engine": "triton", "workload": "kernel-check", **c} for c in checks]
+    out = RESULTS / PHASE / f"kernel-{device_tag(name)}.json"
+    if device == "cuda" and not args.check_only:
+        hw = roofline.measure(device)
+        records += [base | {"workload": "kernel", "hardware": hw, **r} for r in time_grid(device, hw["copy_bytes_per_s"])]
+    write_records(out, records)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,4 @@
+"""p18_pd_disaggregation: bad input fails at once with a clear error and does no work (the shared suite tests/suites/bad_input.py)."""
+from tests.suites.bad_input import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE = "p18_pd_disaggregation"

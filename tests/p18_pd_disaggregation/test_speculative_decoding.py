@@ -1,0 +1,4 @@
+"""p18_pd_disaggregation: greedy tokens of the previous phase under every proposer and k, drafts refused anywhere, requests ending inside a proposal, rollback, the prefix cache, rejection sampling's distribution (the shared suite tests/suites/speculative_decoding.py)."""
+from tests.suites.speculative_decoding import *  # noqa: F401,F403 - its tests and fixtures, collected here
+
+PHASE, PREVIOUS = "p18_pd_disaggregation", "p13_speculative_decoding"
