@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .kv_connector import DECODE_RANK, PREFILL_RANK, backend_for, make_connector
-from .parallel_state import START_TIMEOUT_S, free_port, spawn_rank
+from .parallel_state import START_TIMEOUT_S, free_port, spawn_rank, uninterrupted
 from .sequence import Sequence, Status
 
 WAIT_SLICE_S = 0.001       # a mailbox wait polls the store this often
@@ -138,7 +138,6 @@ class PrefillSide:
                 if message[0] == "stop":
                     return dist.destroy_process_group()
                 self._apply(*message)
-            self.connector.progress()
             if self.llm.has_unfinished():
                 self._step()
 
@@ -161,6 +160,7 @@ class PrefillSide:
         elif kind == "check":
             try:
                 llm.check()
+                assert not self.connector.held, f"K/V of requests {sorted(self.connector.held)} never acknowledged"
                 self.outbox.send("checked", None)
             except AssertionError as e:
                 self.outbox.send("checked", f"{e}")
@@ -217,8 +217,7 @@ class DecodeSide:
         try:
             store = join(DECODE_RANK, address, backend_for(self.llm.device, device), self.timeout_s, self.proc)
             self.outbox, self.inbox = Mailbox(store, "to-p"), Mailbox(store, "to-d")
-            self.connector = make_connector(DECODE_RANK, self.llm.device, device, self.llm.dtype,
-                                            ack=lambda seq_id: self.outbox.send("ack", seq_id))
+            self.connector = make_connector(DECODE_RANK, self.llm.device, device, self.llm.dtype)
         except BaseException:
             self.close(graceful=False)
             raise
@@ -250,7 +249,8 @@ class DecodeSide:
         if self.failure is not None:
             raise RuntimeError(self.failure)
         try:
-            done = self._poll(idle=not self.llm.scheduler.has_unfinished())
+            with uninterrupted():              # a Ctrl-C between reading P's message and acting on it
+                done = self._poll(idle=not self.llm.scheduler.has_unfinished())   # would lose a transfer
         except (RuntimeError, ConnectionError, TimeoutError) as e:
             if isinstance(e, PrefillFailed):
                 raise
@@ -266,6 +266,7 @@ class DecodeSide:
                 if self.failure is None:          # complete it, then its blocks can be given back
                     entry[2].wait(self.timeout_s)
                     entry[2].land()
+                    self.outbox.send("ack", seq.seq_id)
                 self.transfers.remove(entry)
 
     def check_prefill(self) -> None:
@@ -331,6 +332,7 @@ class DecodeSide:
             if seq is None:                        # aborted meanwhile
                 if first.meta is not None:
                     self.connector.discard(first.seq_id, first.meta)
+                    self.outbox.send("ack", first.seq_id)
             elif first.meta is None:               # it ended with its first token
                 done.append(self._end_on_prefill(seq, first))
             else:
@@ -351,6 +353,7 @@ class DecodeSide:
         while self.transfers and self.transfers[0][2].ready() and len(scheduler.running) < scheduler.max_num_seqs:
             seq, first, transfer = self.transfers.popleft()
             transfer.land()
+            self.outbox.send("ack", seq.seq_id)          # P drops its copy
             seq.num_computed_tokens = len(seq.prompt_ids)     # the prompt's K/V is in D's blocks
             self._first_token(seq, first)
             seq.status = Status.RUNNING

@@ -10,7 +10,8 @@ Transfer. One batched transfer a request: one message, whatever the number of la
                      into a buffer of its own, then copies it into its blocks on its compute stream.
   IpcConnector       P and D on one GPU (NCCL refuses two ranks on one device): meta is a CUDA IPC
                      handle of P's gathered tensor; D maps it and copies it into its blocks on a
-                     side stream, then acknowledges, and P drops the tensor.
+                     side stream.
+D acknowledges each request's K/V once landed (or discarded), and P drops its tensor then.
 
 Transfers of one connector complete in the order they were started (a point-to-point channel is
 ordered), so D starts them in P's order and lands them in that order.
@@ -41,6 +42,8 @@ class Transfer:
 
 
 class KVConnector:
+    held: dict[int, object]                            # P: seq_id -> what it keeps until D acknowledges
+
     def send(self, seq_id: int, kv: torch.Tensor):
         """P: start moving kv (kept alive until it is gone); return the meta D's recv() needs."""
         raise NotImplementedError
@@ -53,8 +56,9 @@ class KVConnector:
         """D: a request aborted after P sent it: consume its K/V (a channel stays in order)."""
         raise NotImplementedError
 
-    def progress(self) -> None:
-        """P: forget what has gone (send/recv: completed sends; IPC: acknowledged tensors)."""
+    def release(self, seq_id: int) -> None:
+        """P: D acknowledged the request's K/V (landed or discarded): drop P's tensor."""
+        raise NotImplementedError
 
 
 class _Received(Transfer):
@@ -63,7 +67,9 @@ class _Received(Transfer):
         self.waited = False                            # a work is waited for once (gloo's hangs twice)
 
     def ready(self) -> bool:
-        return self.waited or self.work.is_completed()
+        # gloo's point-to-point work reports completion only once waited for: on CPU the answer is
+        # yes, and land() waits (the bytes are on their way: P started the send before its message)
+        return self.waited or not self.buffer.is_cuda or self.work.is_completed()
 
     def wait(self, timeout_s: float) -> None:
         if not self.waited and not self.work.wait(timedelta(seconds=timeout_s)):
@@ -80,12 +86,12 @@ class SendRecvConnector(KVConnector):
 
     def __init__(self, rank: int, device: str, dtype: torch.dtype):
         self.rank, self.device, self.dtype = rank, device, dtype
-        self.sending: list[tuple] = []                 # (work, kv): kv lives until its send completes
+        self.held: dict[int, tuple] = {}               # seq_id -> (work, kv)
         warm = torch.zeros(1, device=device)           # the pair's first exchange sets up the channel
         (dist.send if rank == PREFILL_RANK else dist.recv)(warm, DECODE_RANK + PREFILL_RANK - rank)
 
     def send(self, seq_id: int, kv: torch.Tensor):
-        self.sending.append((dist.isend(kv, dst=DECODE_RANK), kv))
+        self.held[seq_id] = (dist.isend(kv, dst=DECODE_RANK), kv)
         return tuple(kv.shape)
 
     def recv(self, seq_id: int, meta, cache, block_ids: list[int]) -> Transfer:
@@ -95,13 +101,14 @@ class SendRecvConnector(KVConnector):
     def discard(self, seq_id: int, meta) -> None:
         dist.recv(torch.empty(meta, dtype=self.dtype, device=self.device), src=PREFILL_RANK)
 
-    def progress(self) -> None:
-        self.sending = [(work, kv) for work, kv in self.sending if not work.is_completed()]
+    def release(self, seq_id: int) -> None:
+        work, _ = self.held.pop(seq_id)
+        work.wait()                                    # done (D has it): gloo's work completes so
 
 
 class _Mapped(Transfer):
-    def __init__(self, event, ack):
-        self.event, self.ack = event, ack
+    def __init__(self, event):
+        self.event = event
 
     def ready(self) -> bool:
         return self.event.query()
@@ -111,20 +118,18 @@ class _Mapped(Transfer):
 
     def land(self) -> None:
         torch.cuda.current_stream().wait_event(self.event)   # the next step reads the blocks after the copy
-        self.ack()
 
 
 class IpcConnector(KVConnector):
     """P and D on one GPU: D reads P's gathered tensor through a CUDA IPC mapping."""
 
-    def __init__(self, rank: int, device: str, ack=None):
-        self.shared: dict[int, torch.Tensor] = {}      # P: seq_id -> tensor D may still be reading
-        self.ack = ack                                 # D: tell P a request's tensor is copied
+    def __init__(self, rank: int, device: str):
+        self.held: dict[int, torch.Tensor] = {}        # P: seq_id -> the tensor D maps
         self.stream = torch.cuda.Stream(device) if rank == DECODE_RANK else None
 
     def send(self, seq_id: int, kv: torch.Tensor):
         from torch.multiprocessing.reductions import reduce_tensor
-        self.shared[seq_id] = kv
+        self.held[seq_id] = kv
         return reduce_tensor(kv)                       # (rebuild function, its args): picklable
 
     def recv(self, seq_id: int, meta, cache, block_ids: list[int]) -> Transfer:
@@ -137,21 +142,20 @@ class IpcConnector(KVConnector):
             cache.restore(block_ids, kv)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return _Mapped(event, lambda: self.ack(seq_id))
+        return _Mapped(event)
 
     def discard(self, seq_id: int, meta) -> None:
-        self.ack(seq_id)
+        pass                                           # nothing to consume: P drops it on the ack
 
     def release(self, seq_id: int) -> None:
-        """P: D has copied this request's tensor."""
-        self.shared.pop(seq_id, None)
+        self.held.pop(seq_id)
 
 
-def make_connector(rank: int, decode_device: str, prefill_device: str, dtype: torch.dtype, ack=None) -> KVConnector:
+def make_connector(rank: int, decode_device: str, prefill_device: str, dtype: torch.dtype) -> KVConnector:
     """By placement: one GPU for both -> CUDA IPC; else send/recv (NCCL across GPUs, gloo on CPU)."""
     device = decode_device if rank == DECODE_RANK else prefill_device
     if same_gpu(decode_device, prefill_device):
-        return IpcConnector(rank, device, ack)
+        return IpcConnector(rank, device)
     return SendRecvConnector(rank, device, dtype)
 
 

@@ -10,7 +10,8 @@ drafts beside prefill chunks, a decode batch one lane past a graph bucket. So a 
     batch-size switch); from the CUDA-graph phase on, half the time, the CPU stand-in of the
     graph runner (the very padded static-buffer forward a replay runs, eagerly); from the
     tensor-parallel phase on, a quarter of the cases without it, two ranks on gloo; from the MLA
-    phase on, the model is tiny-mla and the decode absorbed or naive;
+    phase on, the model is tiny-mla and the decode absorbed or naive; from the prefill/decode
+    phase on, one case in ten prefills in a second process (gloo) and decodes in the first;
   - a workload: prompts that share one to three blocks and more, repeat exactly, fill the
     context or hold one token; greedy lengths and priorities; run as one generate() call, or
     through the step API with requests arriving while others decode and some aborted.
@@ -111,6 +112,11 @@ class Phase:
         return "tensor_parallel_size" in self.fields
 
     @property
+    def disaggregated(self) -> bool:
+        """Its engine may prefill in a second process (p18 on): a config case may run so."""
+        return "disaggregation" in self.fields
+
+    @property
     def package(self):
         return importlib.import_module(f"phases.{self.name}")
 
@@ -188,6 +194,9 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
             case.graph_batch = None
     if ranks and phase.tensor_parallel and not case.graph_batch and random.Random(f"{seed}/ranks").random() < 0.25:
         case.options["tensor_parallel_size"] = 2
+    if ranks and phase.disaggregated and "tensor_parallel_size" not in case.options \
+            and random.Random(f"{seed}/pd").random() < 0.1:   # a prefill process beside (p18 on; its own stream)
+        case.options |= {"disaggregation": "pd", "speculative": None}   # PD refuses speculation
     case.pool_slack = rng.choice([None, None, 0, 1, 2, rng.randint(3, 12)])
     longest = MAX_MODEL_LEN if phase.chunks else case.options["max_num_batched_tokens"]
     case.workloads = [draw_workload(rng, longest, case.options["block_size"]) for _ in range(num_workloads)]
@@ -641,7 +650,7 @@ def soak_seeds(variable: str) -> range:
 
 def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes):
     """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
-    seeds = sorted({*range(FIRST_CASES), *CAUGHT_CASES, *ranked_seeds(fuzz_phase)})
+    seeds = sorted({*range(FIRST_CASES), *CAUGHT_CASES, *ranked_seeds(fuzz_phase), *pd_seeds(fuzz_phase)})
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
 
 
@@ -658,6 +667,21 @@ def ranked_seeds(phase: Phase) -> list[int]:
     before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
     count = FIRST_RANKED if selection.differ(RANK_FILES, phase.name, before) else 1
     seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("tensor_parallel_size", 1) > 1)
+    return [next(seeds) for _ in range(count)]
+
+
+PD_FILES = ("disaggregated.py", "kv_connector.py")   # the prefill/decode pair's own code (p18 on)
+
+
+def pd_seeds(phase: Phase) -> list[int]:
+    """The first seeds whose case runs a prefill/decode pair (none before p18): two where the
+    pair's code differs from the phase before's, one elsewhere (each starts a process)."""
+    if not phase.disaggregated:
+        return []
+    names = selection.phases()
+    before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
+    count = 2 if selection.differ(PD_FILES, phase.name, before) else 1
+    seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("disaggregation"))
     return [next(seeds) for _ in range(count)]
 
 
