@@ -450,6 +450,10 @@ HEADLINES = {
     "p16_tensor_parallel": ("latency", "llama-1b", {"batch": 1}, "p16", "p15", H100),
     # p17: decode over the latents against rebuilding K and V each step, batch 1 over 32k keys
     "p17_mla": ("latency", "mla-lite", {"batch": 1, "prompt_len": 32768}, "p17", "p17 mla_decode=naive", H100),
+    # p18: the streams' inter-token gap p99 while long prompts arrive: prefilled on P (one GPU, CUDA IPC)
+    # against p17 prefilling them in chunks beside the decodes
+    "p18_pd_disaggregation": ("long-mix", "llama-1b", {}, "p18 disaggregation=pd max_num_batched_tokens=2048",
+                              "p17 max_num_batched_tokens=2048", H100),
 }
 
 

@@ -39,7 +39,7 @@ DIFF_CAP_EXCEPTIONS: dict[str, int] = {
                                    # by the ranks' own (sharding, process groups, the mailbox, faults)
     "p17_mla": 660,   # a second attention (the latent one) beside GQA, with its own kernel and kernel sweep,
                       # and the combine sliced over dims (a 512-wide latent head at 256 splits)
-    "p18_pd_disaggregation": 760,   # a second engine in its own process: the pair's start and mailboxes, the KV
+    "p18_pd_disaggregation": 870,   # a second engine in its own process: the pair's start and mailboxes, the KV
                                     # connector (send/recv and CUDA IPC), aborts and a failed prefill instance on both sides
 }
 

@@ -1,80 +1,123 @@
 """`make phase-NN bench [PART=name]`: this phase's standard benchmark set, in named parts.
 
-Each part is one comparison in one process, interleaved and repeated, its baseline built twice
-(the A/A control).
-
-MLA's idea shows at decode over a long context: the naive decode rebuilds every head's K and V
-from the cached latents each step, the absorbed one reads the latents once for all heads. So the
-parts that show it run DeepSeek-V2-Lite's attention shape ("mla-lite", random weights, dense MLPs)
-at batch 1 ("long") and 64 in flight ("long-64") over prompts of 4k and 32k tokens, absorbed
-against naive; "kernel" times the latent kernel alone against the copy bandwidth; "kv-bytes"
-computes what a token's cache entry costs (no GPU). "latency" checks that llama-1b (grouped-query
-attention: nothing of this phase runs) did not regress against p16; "nano-vllm" runs the peer
-engine on that workload in the same machine start.
+Each comparison runs in one process, interleaved and repeated, its baseline built twice (the A/A
+control). Disaggregation's claim is isolation: a long prompt prefilled on P does not stall the
+streams decoding on D, at the price of a transfer in each TTFT. So:
+  "long-mix"    p11's mixed workload (steady decode streams, Poisson long prompts) on llama-1b:
+                p17 with chunked prefill (budget 2048, twice: A/A) against the pair (one GPU:
+                P and D share it, the K/V moves over CUDA IPC): ITL p50/p99 of the streams, TTFT
+  "ttft-split"  one request at a time, prompts of 512-16k tokens: the pair's TTFT split into P's
+                prefill, the transfer and D's first step, beside p17's TTFT (twice: A/A)
+  "transfer"    the pair alone over request sizes of 128-32k tokens: transfer time and GB/s (on
+                a CPU: gloo, SmolLM2's shape, 64-1024 tokens)
+A split's phases, per request, from D's timeline (disaggregated.py): prefill = arrival -> P
+sampled the first token (P's queue, its prefill, the message to P); transfer = that -> the K/V
+landed in D's blocks (the message back, D's reservation, the bytes); first step = landed -> D's
+first decoded token. TTFT = prefill + transfer: D streams the first token when the K/V has landed.
 """
 from __future__ import annotations
 
-import csv
 import sys
+import uuid
 
-from common import peer
-from common.bench_set import run_parts
+from common import long_mix
+from common.bench_set import aa, run_parts
+from common.device import default_device, device_name, parse_dtype
+from common.engines import make_engine
 from common.loader import resolve
-from common.results import RESULTS
+from common.results import RESULTS, device_tag, provenance, write_records
+from common.stats import summarize
+from common.workloads import greedy
 
 PHASE = __package__.split(".")[-1]
-ENGINE = PHASE[:3]                                          # "p17"
-PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p16"
-NAIVE = "mla_decode=naive"
-MLA_ENGINES = ",".join([f"{ENGINE} {NAIVE}", f"{ENGINE}#2 {NAIVE}", ENGINE])
-CONTEXTS = (4096, 32768)
-POOL_BYTES = 40 << 30                                       # the pool "kv-bytes" sizes batches against
+ENGINE = PHASE[:3]                                          # "p18"
+PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p17"
+PD = f"{ENGINE} disaggregation=pd"
+REPEATS = 5
 
 
-def kernel(argv: list[str], make_command: str) -> None:
-    from .kernel_bench import main as kernel_main          # sets up Triton's interpreter on CPU
-    kernel_main(argv, make_command)
+def mix(name: str, preset: str, options: str, *extra: str):
+    """long-mix: the colocated engine with chunked prefill (A/A) against the pair, both with `options`."""
+    engines = aa(f"{PREVIOUS} {options},{PD} {options}")
+
+    def part(rest: list[str], command: str) -> None:
+        long_mix.main(["--phase", PHASE, "--presets", preset, "--engines", engines, *extra, *rest],
+                      part=name, make_command=command)
+    part.preset, part.engines = preset, engines.split(",")
+    return part
 
 
-def long_context(workload: str, *extra: str) -> list[list[str]]:
-    return [["--workload", workload, "--presets", "mla-lite", "--prompt-len", str(n), *extra,
-             "--file", f"long-{workload}", "--engines", MLA_ENGINES] for n in CONTEXTS]
+def split(name: str, preset: str, lengths: tuple[int, ...], colocated: bool):
+    """One request at a time per prompt length: the pair's TTFT phases (and p17's TTFT, A/A)."""
+    def part(rest: list[str], command: str) -> None:
+        device = rest[rest.index("--device") + 1] if "--device" in rest else default_device()
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        per_token = resolve(preset).config.kv_bytes_per_token(parse_dtype(dtype))
+        pool = {"kv_cache_bytes": 2 * max(lengths) * per_token, "max_num_seqs": 4, "max_model_len": max(lengths) + 16}
+        specs = [PD] + ([PREVIOUS, PREVIOUS + "#2"] if colocated else [])
+        engines = {spec: make_engine(spec.split()[0].split("#")[0], preset, device, dtype,
+                                     **pool, **({"disaggregation": "pd"} if spec == PD else {})) for spec in specs}
+        run = {"run_id": uuid.uuid4().hex[:12], "part": name, "make_command": command}
+        try:
+            records = [record(spec, preset, dtype, device, n, samples, run, per_token)
+                       for n in lengths for spec, samples in measure(engines, n).items()]
+        finally:
+            for engine in engines.values():
+                getattr(engine, "shutdown", lambda: None)()
+        out = RESULTS / PHASE / f"{name}-{device_tag(device_name(device))}.json"
+        write_records(out, records)
+        for r in records:
+            print(f"[bench] {r['engine']:<6} {r['preset']} {r['setting']['prompt_len']:>6} tokens: " +
+                  "  ".join(f"{k} {v:.2f}" for k, v in r["metrics"].items()))
+        print(f"[bench] run {run['run_id']}: wrote {len(records)} records to {out}")
+    return part
 
 
-def kv_bytes(argv: list[str], make_command: str) -> None:
-    """Bytes a token's cache entry costs (bf16, every layer), and how many 32k-token sequences a
-    40 GiB pool holds: MLA's latent, the same attention with per-head K and V, llama-8b's GQA."""
-    mla, llama = resolve("mla-lite").config, resolve("llama-8b").config
-    per_head = mla.num_layers * mla.num_heads * (mla.head_dim + mla.v_head_dim) * 2
-    rows = [("mla-lite: latent + rotary key", mla.num_layers * (mla.kv_lora_rank + mla.qk_rope_head_dim) * 2),
-            ("mla-lite: K and V per head", per_head),
-            ("llama-8b: K and V per KV head (GQA)", llama.num_layers * llama.num_kv_heads * llama.head_dim * 2 * 2)]
-    path = RESULTS / PHASE / "kv-bytes.csv"                 # computed, not measured: not a run record
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        f.write(f"# {make_command}: computed from the presets' shapes, bf16, a pool of {POOL_BYTES >> 30} GiB\n")
-        out = csv.writer(f)
-        out.writerow(["cache", "bytes_per_token", "sequences_of_32k_in_pool"])
-        for name, b in rows:
-            out.writerow([name, b, POOL_BYTES // (b * 32768)])
-    print("| cache | bytes a token | 32k-token sequences in 40 GiB |\n| --- | --- | --- |")
-    for name, b in rows:
-        print(f"| {name} | {b:,} | {POOL_BYTES // (b * 32768)} |")
-    print(f"[bench] wrote {path}")
+def measure(engines: dict, n: int) -> dict[str, list[dict]]:
+    """REPEATS samples per engine, interleaved; a cold prefix cache for every request."""
+    prompt = [(7 * i) % 1000 + 1 for i in range(n)]
+    samples = {spec: [] for spec in engines}
+    for engine in engines.values():
+        engine.generate([prompt], greedy(2))             # warm-up: this length's kernels, the channel
+    for rep in range(REPEATS):
+        for spec, engine in engines.items():
+            engine.reset_prefix_cache()
+            [out] = engine.generate([prompt], greedy(2))
+            sample = {"repeat": rep, "ttft_ms": 1e3 * (out.token_times[0] - out.arrival_time)}
+            if hasattr(engine, "pd") and engine.pd is not None:
+                sample |= phases_ms(engine.pd.timeline[max(engine.pd.timeline)], out)
+            samples[spec].append(sample)
+    return samples
+
+
+def phases_ms(t: dict, out) -> dict:
+    return {"prefill_ms": 1e3 * (t["prefilled"] - t["arrival"]), "transfer_ms": 1e3 * (t["landed"] - t["prefilled"]),
+            "first_step_ms": 1e3 * (out.token_times[1] - t["landed"])}
+
+
+def record(spec: str, preset: str, dtype: str, device: str, n: int, samples: list[dict], run: dict,
+           per_token: int) -> dict:
+    if "transfer_ms" in samples[0]:                      # the bytes a request's K/V is, over its time
+        for s in samples:
+            s["transfer_gb_s"] = n * per_token / (s["transfer_ms"] * 1e-3) / 1e9
+    metrics, spread = summarize(samples)
+    name = spec.split()[0]
+    return {"phase": PHASE, "engine": name, "workload": "pd-split", "preset": preset, "dtype": dtype, "scale": "full",
+            "setting": {"prompt_len": n, "kv_bytes": n * per_token, **({"disaggregation": "pd"} if spec == PD else {})},
+            "device": device_name(device), "run_id": run["run_id"], "part": run["part"], "repeats": len(samples),
+            "metrics": metrics, "spread": spread, "samples": samples,
+            "provenance": provenance(device_name(device)) | {"make_command": run["make_command"]}}
 
 
 GPU_PARTS = {
-    "long": long_context("latency"),
-    "long-64": long_context("concurrency", "--concurrency", "64"),
-    "kernel": kernel,
-    "kv-bytes": kv_bytes,
-    "latency": [["--workload", "latency", "--presets", "llama-1b",
-                 "--engines", ",".join([PREVIOUS, f"{PREVIOUS}#2", ENGINE])]],
-    "nano-vllm": peer.part(PHASE, "1b"),          # the peer engine beside "latency", same machine start
+    "long-mix": mix("long-mix", "llama-1b", "max_num_batched_tokens=2048"),
+    "ttft-split": split("ttft-split", "llama-1b", (512, 2048, 8192, 16384), colocated=True),
+    "transfer": split("transfer", "llama-1b", (128, 512, 2048, 8192, 32768), colocated=False),
 }
 CPU_PARTS = {
-    "kernel": kernel,
-    "kv-bytes": kv_bytes,
+    "long-mix": mix("long-mix", "tiny-llama", "max_num_batched_tokens=64 max_num_seqs=32", "--scale", "small"),
+    "ttft-split": split("ttft-split", "tiny-llama", (16, 64, 256), colocated=True),
+    "transfer": split("transfer", "smollm2-135m", (64, 256, 1024), colocated=False),
 }
 
 
