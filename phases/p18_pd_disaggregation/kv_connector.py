@@ -107,8 +107,8 @@ class SendRecvConnector(KVConnector):
 
 
 class _Mapped(Transfer):
-    def __init__(self, event):
-        self.event = event
+    def __init__(self, event, kv: torch.Tensor):
+        self.event, self.kv = event, kv                # the mapping stays open until the copy is done
 
     def ready(self) -> bool:
         return self.event.query()
@@ -118,6 +118,8 @@ class _Mapped(Transfer):
 
     def land(self) -> None:
         torch.cuda.current_stream().wait_event(self.event)   # the next step reads the blocks after the copy
+        self.event.synchronize()
+        self.kv = None                                 # then the mapping may close
 
 
 class IpcConnector(KVConnector):
@@ -142,7 +144,7 @@ class IpcConnector(KVConnector):
             cache.restore(block_ids, kv)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return _Mapped(event)
+        return _Mapped(event, kv)
 
     def discard(self, seq_id: int, meta) -> None:
         pass                                           # nothing to consume: P drops it on the ack

@@ -111,17 +111,23 @@ def test_max_tokens_1_ends_on_p_and_sends_no_kv(pair, solo):
     pair.check()
 
 
+def until_in_transfer(llm) -> None:
+    """D's poll, stopped once a first token is read and its receive started (not landed)."""
+    d = llm.pd
+    while not d.transfers:
+        d._wait_message()
+        while d.inbox.ready():
+            d._read(d.inbox.receive())
+        d._reserve()
+
+
 def test_abort_while_queued_in_transfer_and_decoding(pair, solo):
     """Each stage: abort, then both instances hold no block of it; then a call runs normally."""
     d = pair.pd
     queued = pair.add_request(PROMPTS[1], GREEDY)            # sent to P, not answered yet
     pair.abort_request(queued)
     in_transfer = pair.add_request(PROMPTS[1], GREEDY)
-    while not d.transfers:                                    # its first token read, receive started
-        d._wait_message()
-        while d.inbox.ready():
-            d._read(d.inbox.receive())
-        d._reserve()
+    until_in_transfer(pair)
     assert d.transfers[0][0].seq_id == in_transfer and d.transfers[0][0].block_table
     pair.abort_request(in_transfer)
     decoding = pair.add_request(PROMPTS[2], GREEDY)
@@ -193,3 +199,27 @@ def test_server_streams_a_pd_request_and_d_killed_takes_p_along(solo):
         assert gone(prefill), "the prefill instance outlived its decode instance"
     finally:
         served.shutdown()
+
+
+@pytest.mark.gpu
+def test_gpu_pair_moves_kv_by_placement():
+    """One GPU: P beside D, the K/V over CUDA IPC (a side stream); two GPUs: P on the second, NCCL.
+    The colocated engine's tokens, an abort in transfer, the accounting of both."""
+    import torch
+    from phases.p18_pd_disaggregation.kv_connector import IpcConnector, SendRecvConnector
+    opts = dict(device="cuda", dtype="float32", block_size=4, kv_cache_bytes=1 << 22, max_num_seqs=4)
+    want = ids(LLM("tiny-llama", **opts).generate(PROMPTS, GREEDY))
+    llm = LLM("tiny-llama", disaggregation="pd", **opts)
+    try:
+        kind = SendRecvConnector if torch.cuda.device_count() > 1 else IpcConnector
+        assert isinstance(llm.pd.connector, kind)
+        assert ids(llm.generate(PROMPTS, GREEDY)) == want
+        llm.check()
+        assert ids(llm.generate(PROMPTS[::-1], GREEDY)) == want[::-1]       # prefix hits on P
+        llm.check()
+        request = llm.add_request(PROMPTS[1], GREEDY)
+        until_in_transfer(llm)
+        llm.abort_request(request)
+        llm.check()
+    finally:
+        llm.shutdown()
