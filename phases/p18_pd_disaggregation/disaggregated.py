@@ -38,6 +38,7 @@ from .sequence import Sequence, Status
 
 WAIT_SLICE_S = 0.001       # a mailbox wait polls the store this often
 POLL_S = 0.05              # an idle side checks its mailbox (and its peer's life) this often
+ACK_GRACE_S = 1.0          # P's check waits this long for D's acknowledgements of what it sent last
 KEPT_TIMELINES = 4096      # D keeps the last requests' prefill / transfer times (the bench reads them)
 
 
@@ -127,6 +128,7 @@ class PrefillSide:
         self.inbox, self.outbox = Mailbox(store, "to-p"), Mailbox(store, "to-d")
         self.connector = make_connector(PREFILL_RANK, decode, llm.device, llm.dtype)
         self.more: dict[int, bool] = {}          # seq_id -> does D decode past the first token?
+        self.check_due: float | None = None      # D asked for a check: answer once acks are in, or then
 
     def serve(self) -> None:
         """P's loop, until D says stop: D's messages between steps, a step when there is work."""
@@ -138,6 +140,8 @@ class PrefillSide:
                 if message[0] == "stop":
                     return dist.destroy_process_group()
                 self._apply(*message)
+            if self.check_due is not None and (not self.connector.held or time.monotonic() > self.check_due):
+                self._check()
             if self.llm.has_unfinished():
                 self._step()
 
@@ -157,13 +161,17 @@ class PrefillSide:
             self.connector.release(args[0])
         elif kind == "reset":
             llm.reset_prefix_cache()
-        elif kind == "check":
-            try:
-                llm.check()
-                assert not self.connector.held, f"K/V of requests {sorted(self.connector.held)} never acknowledged"
-                self.outbox.send("checked", None)
-            except AssertionError as e:
-                self.outbox.send("checked", f"{e}")
+        elif kind == "check":                  # K/V D has not read yet is acknowledged meanwhile
+            self.check_due = time.monotonic() + ACK_GRACE_S
+
+    def _check(self) -> None:
+        self.check_due = None
+        try:
+            self.llm.check()
+            assert not self.connector.held, f"K/V of requests {sorted(self.connector.held)} never acknowledged"
+            self.outbox.send("checked", None)
+        except AssertionError as e:
+            self.outbox.send("checked", f"{e}")
 
     def _step(self) -> None:
         try:
@@ -263,11 +271,14 @@ class DecodeSide:
             self.outbox.send("abort", seq.seq_id)     # queued or prefilling on P: P frees its blocks
         for entry in list(self.transfers):
             if entry[0] is seq:
-                if self.failure is None:          # complete it, then its blocks can be given back
-                    entry[2].wait(self.timeout_s)
-                    entry[2].land()
-                    self.outbox.send("ack", seq.seq_id)
                 self.transfers.remove(entry)
+                try:                              # complete it, then its blocks can be given back
+                    if self.failure is None:
+                        entry[2].wait(self.timeout_s)
+                        entry[2].land()
+                        self.outbox.send("ack", seq.seq_id)
+                except (RuntimeError, ConnectionError, TimeoutError) as e:
+                    self.fail(e)                  # P is gone: nothing more arrives
 
     def check_prefill(self) -> None:
         """P's block accounting (tests call it after every call, through LLM.check())."""
@@ -284,6 +295,7 @@ class DecodeSide:
                 assert message[1] is None, f"prefill instance: {message[1]}"
                 return
             self._read(message)
+            self._reserve()                        # (idle: only aborted requests' K/V, drained and acknowledged)
 
     def reset_prefix_cache(self) -> None:
         if self.failure is None:
@@ -384,7 +396,8 @@ class DecodeSide:
     def fail(self, error: BaseException) -> RuntimeError:
         """P died, hangs, or its link broke: stop it, forget what was on its way (the engine's
         recover() then aborts those requests and frees their blocks), and say which."""
-        time.sleep(0.2) if self.proc.poll() is None else None    # a dying P's socket closes first
+        if self.proc.poll() is None:               # a dying P's socket closes a moment before it exits
+            time.sleep(0.2)
         why = f"exited with code {self.proc.returncode}" if self.proc.poll() is not None else str(error)
         self.failure = f"the prefill instance {why} (the next call starts a new one)"
         if self.llm.device.startswith("cuda"):
