@@ -29,7 +29,8 @@ says it recovered, must pass check(); and the next call must give the tokens of 
 alone and leave the accounting whole.
 
 Every failure names its seed, the configuration it drew and the command that replays it.
-`make test` runs a few seeds per phase, and the seeds that once caught a bug; the soak (the
+`make test` runs a few seeds per phase, and the seeds that once caught a bug (from that bug's
+phase on); the soak (the
 fuzz_soak marker, which make test and make test-all leave out) runs FUZZ_CASES configurations
 and FUZZ_INTERRUPTS interrupted calls per phase (100 each unless set), from seed FUZZ_SEED on:
 
@@ -67,13 +68,21 @@ FIRST_CASES, FIRST_INTERRUPTS = 3, 2       # make test, per phase: seeds 0.. of 
 FIRST_RANKED = 3                           # ... and the first seeds of cases on two ranks (p16 on)
 SOAK_SEED = 100_000                        # the soak's first seed, past make test's (FUZZ_SEED moves it)
 
-# Seeds that caught a bug stay in make test beside those, in every phase. A seed stands for its
-# draws: if the generator below changes, these seeds draw other cases, so find them again then.
-CAUGHT_CASES = (19, 146, 240,       # p14: a one-token prompt chunk run as a graph lane (as a decode)
-                532, 551,           # p14: drafts attached past the step's budget (n-gram, draft model)
-                2)                  # p13-p14: the draft model's first forward over the budget
-CAUGHT_INTERRUPTS = (149, 157, 253)  # p11-p14: a clean-up that drops the call's requests but trusts
-                                     # the block accounting a Ctrl-C cut in half
+# Seeds that caught a bug stay in make test beside those, from the phase whose bug they caught on:
+# an earlier phase lacks the switch the bug needs (graph lanes, drafts, chunks), and there the seed
+# draws some other case. A seed stands for its draws: if the generator below changes, these seeds
+# draw other cases, so find them again then.
+CAUGHT_CASES = {19: "p14", 146: "p14", 240: "p14",   # a one-token prompt chunk run as a graph lane (as a decode)
+                532: "p14", 551: "p14",              # drafts attached past the step's budget (n-gram, draft model)
+                2: "p13"}                            # the draft model's first forward over the budget
+CAUGHT_INTERRUPTS = {149: "p11", 157: "p11", 253: "p11"}  # a clean-up that drops the call's requests but
+                                                          # trusts the block accounting a Ctrl-C cut in half
+
+
+def caught(seeds: dict[int, str], phase: "Phase") -> list[int]:
+    """The caught seeds that run in this phase: those caught in it or in a phase before it."""
+    return [seed for seed, first in seeds.items() if phase.name[:3] >= first]
+
 
 # The forward's arithmetic, whose lines the interrupt fuzzer does not count: an interrupt inside
 # a forward reaches the engine at the line that called it, having changed nothing the engine
@@ -650,7 +659,8 @@ def soak_seeds(variable: str) -> range:
 
 def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes):
     """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
-    seeds = sorted({*range(FIRST_CASES), *CAUGHT_CASES, *ranked_seeds(fuzz_phase), *pd_seeds(fuzz_phase)})
+    seeds = sorted({*range(FIRST_CASES), *caught(CAUGHT_CASES, fuzz_phase), *ranked_seeds(fuzz_phase),
+                    *pd_seeds(fuzz_phase)})
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
 
 
@@ -687,7 +697,7 @@ def pd_seeds(phase: Phase) -> list[int]:
 
 def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes):
     """Ctrl-C at a random line of generate() (and of its clean-up): whole, then the next call right."""
-    seeds = sorted({*range(FIRST_INTERRUPTS), *CAUGHT_INTERRUPTS})
+    seeds = sorted({*range(FIRST_INTERRUPTS), *caught(CAUGHT_INTERRUPTS, fuzz_phase)})
     run_seeds(interrupt_case, fuzz_phase, seeds, alone, token_bytes)
 
 
