@@ -57,6 +57,8 @@ def linear_shapes(preset: str) -> dict[str, tuple[int, int]]:
 
 
 def check(device: str) -> list[dict]:
+    """In the interpreter (CPU) the quantizer must be bit-exact; a GPU's fp32 division may round
+    a value that sits on a rounding boundary the other way: one count, on a few values at most."""
     results = []
     for M, N, K in CHECK_SHAPES:
         x, w = 3 * torch.randn(M, K, device=device), torch.randn(N, K, device=device) / K ** 0.5
@@ -64,19 +66,21 @@ def check(device: str) -> list[dict]:
         wq, ws = quant.quantize_int8(w)
         xq, xs = quantize_rows(x, torch.int8, quant.INT8_MAX)
         ref_q, ref_s = quant.quantize_int8(x)
-        ok_quant = bool((xq == ref_q).all() and (xs == ref_s).all())
+        off = (xq.int() - ref_q.int()).abs()
+        ok_quant = off.max().item() <= (0 if device == "cpu" else 1) and (off > 0).float().mean().item() <= 1e-3 \
+            and ((xs - ref_s).abs() <= 1e-6 * ref_s).all().item()
         bias = torch.randn(N, device=device)
         for b in (None, bias):
-            ref = quant.epilogue(xq.int().cpu().long().matmul(wq.cpu().long().t()).to(device), xs, ws.view(-1), b,
-                                 torch.float32)
+            exact = xq.cpu().long().matmul(wq.cpu().long().t()).to(device)          # int64: no rounding
+            ref = quant.epilogue(exact, xs, ws.view(-1), b, torch.float32)
             for tile in [None, *TILES]:
                 got = int8_gemm(xq, xs, wq, ws.view(-1), b, torch.float32, tile)
-                err = ((got - ref).abs() / ref.abs().clamp(min=1e-3)).max().item()
-                ok = ok_quant and err < 1e-5
+                err = ((got - ref).abs().max() / ref.abs().max()).item()           # the epilogue's fp32 rounding
                 results.append({"setting": {"M": M, "N": N, "K": K, "bias": b is not None, "tile": tile or "rule"},
-                                "metrics": {"max_rel_err": err, "quantizer_exact": ok_quant}, "ok": ok})
-        print(f"[kernel] check M={M} N={N} K={K}: quantizer {'exact' if ok_quant else 'DIFFERS'}, GEMM max rel "
-              f"error {max(r['metrics']['max_rel_err'] for r in results[-2 * (1 + len(TILES)):]):.1e}", flush=True)
+                                "metrics": {"max_err_frac": err, "quantizer_ok": ok_quant}, "ok": ok_quant and err < 1e-5})
+        print(f"[kernel] check M={M} N={N} K={K}: quantizer {'ok' if ok_quant else 'DIFFERS'}, GEMM max error "
+              f"{max(r['metrics']['max_err_frac'] for r in results[-2 * (1 + len(TILES)):]):.1e} of the largest "
+              f"output", flush=True)
     if device == "cuda":
         results += check_fp8(device)
     return results
@@ -111,8 +115,9 @@ def variants(M: int, N: int, K: int, device: str, fp8_ok: bool) -> dict:
              "int8 triton": (lambda: int8_gemm(xq, xs, wq, ws, None, torch.bfloat16), N * K)}
     if M > 16:                                                   # cuBLASLt's int8 GEMM needs M > 16
         calls["int8 _int_mm"] = (lambda: quant.epilogue(torch._int_mm(xq, wq.t()), xs, ws, None, torch.bfloat16), N * K)
+    if M in (32, 256, 4096):                                     # what torch's epilogue costs
         calls["int8 _int_mm no epilogue"] = (lambda: torch._int_mm(xq, wq.t()), N * K)
-    if M in (1, 16):
+    if M == 1:
         for tile in TILES:
             calls[f"triton BN={tile['BLOCK_N']} BK={tile['BLOCK_K']} st={tile['num_stages']}"] = (
                 lambda tile=tile: int8_gemm(xq, xs, wq, ws, None, torch.bfloat16, tile), N * K)
@@ -126,10 +131,12 @@ def variants(M: int, N: int, K: int, device: str, fp8_ok: bool) -> dict:
     return calls
 
 
-def time_grid(device: str, copy_bytes_per_s: float, fp8_ok: bool, run: dict) -> list[dict]:
+def time_grid(device: str, presets: list[str], hw: dict, fp8_ok: bool, run: dict, done) -> list[dict]:
+    """Every preset's shapes; done(records) after each preset (a timeout keeps the presets before)."""
+    import time
     import triton.testing
-    records = []
-    for preset in PRESETS:
+    copy_bytes_per_s, start, records = hw["copy_bytes_per_s"], time.perf_counter(), []
+    for preset in presets:
         for shape, (N, K) in linear_shapes(preset).items():
             for M in ROWS:
                 calls = variants(M, N, K, device, fp8_ok)
@@ -139,7 +146,7 @@ def time_grid(device: str, copy_bytes_per_s: float, fp8_ok: bool, run: dict) -> 
                     names = names[rep % len(names):] + names[:rep % len(names)]   # rotated rounds
                     for name in names:
                         fn, moved = calls[name]
-                        us = 1e3 * triton.testing.do_bench_cudagraph(fn, rep=5, return_mode="median")
+                        us = 1e3 * triton.testing.do_bench_cudagraph(fn, rep=3, return_mode="median")
                         sample = {"repeat": rep, "us": us, "gb_s": moved / us / 1e3,
                                   "copy_frac": moved / (us * 1e-6) / copy_bytes_per_s}
                         if not name.startswith("quantize"):
@@ -147,11 +154,12 @@ def time_grid(device: str, copy_bytes_per_s: float, fp8_ok: bool, run: dict) -> 
                         samples[name].append(sample)
                 for name, s in samples.items():
                     records.append(record(name, preset, shape, M, N, K, s, device, run))
-                print(f"[gemm] {preset} {shape:<7} M={M:<5} " + "  ".join(
+                print(f"[gemm] {time.perf_counter() - start:5.0f} s {preset} {shape:<7} M={M:<5} " + "  ".join(
                     f"{n} {summarize(s)[0]['us']:.1f}" for n, s in samples.items() if not n.startswith("triton BN")),
                     flush=True)
                 del calls
                 torch.cuda.empty_cache()
+        done([r | {"hardware": hw} for r in records])
     return records
 
 
@@ -166,7 +174,7 @@ def record(name: str, preset: str, shape: str, M: int, N: int, K: int, samples: 
             "provenance": provenance(device_name(device)) | {"make_command": run["make_command"]}}
 
 
-def layer_table(records: list[dict]) -> None:
+def layer_table(records: list[dict], presets: list[str]) -> None:
     """A layer's four Linears summed, per preset and M: bf16 us, and each path's speed-up over it."""
     cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "quantize int8"]
     by = {}
@@ -177,7 +185,7 @@ def layer_table(records: list[dict]) -> None:
     print("\n| preset | M | bf16 us (4 Linears) | " + " | ".join(f"{c} x" if c != "quantize int8" else "quantize us"
                                                               for c in cols) + " |")
     print("|" + " --- |" * (3 + len(cols)))
-    for preset in PRESETS:
+    for preset in presets:
         for M in ROWS:
             base = by.get((preset, M, "bf16"))
             if base is None:
@@ -190,6 +198,7 @@ def layer_table(records: list[dict]) -> None:
 def main(argv: list[str] | None = None, make_command: str | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check-only", action="store_true", help="skip the timings")
+    p.add_argument("--presets", default=",".join(PRESETS), help="the shapes timed (comma-separated presets)")
     args, _ = p.parse_known_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -209,9 +218,11 @@ def main(argv: list[str] | None = None, make_command: str | None = None) -> None
         if not fp8_ok:
             print(f"[gemm] {name} is below SM 8.9: no fp8 (e4m3) GEMM; int8 and bf16 only", flush=True)
         hw = roofline.measure(device)
-        records += [r | {"hardware": hw} for r in time_grid(device, hw["copy_bytes_per_s"], fp8_ok, run)]
+        checked = list(records)
+        timed = time_grid(device, args.presets.split(","), hw, fp8_ok, run, lambda t: write_records(out, checked + t))
+        records += [r | {"hardware": hw} for r in timed]
     write_records(out, records)
-    layer_table(records)
+    layer_table(records, args.presets.split(","))
     print(f"[gemm] run {run['run_id']}: wrote {len(records)} records to {out}")
 
 
