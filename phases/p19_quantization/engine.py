@@ -58,9 +58,6 @@ class LLM:
             # FlashAttention 4 has no latent-attention kernel: MLA decodes on ours (triton_mla.py)
             print("MLA model: attention_backend flash-attn -> triton (our latent kernel)", file=sys.stderr)
             self.config.attention_backend = "triton"
-        if self.model_config.is_mla and self.config.quantization:
-            raise ValueError("quantization covers grouped-query attention models (Llama, Qwen2), not MLA's "
-                             "latent projections: drop quantization")
         self.max_model_len = self.config.resolve_max_model_len(self.model_config.max_position)
         self.detokenize = detokenize
         self.device, self.dtype = self.config.device, self.config.torch_dtype

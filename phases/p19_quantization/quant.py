@@ -120,12 +120,15 @@ QUANTIZED = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), 
 @torch.no_grad()
 def quantize_linears(model: nn.Module, fp8: bool, float_weights: dict[int, torch.Tensor] | None = None) -> None:
     """Replace every layer's q/k/v, o, gate/up and down Linear by its QuantLinear, in place (the
-    embedding and the LM head stay in the model's dtype). float_weights: id(Linear) -> its fp32
-    weight where smoothing made one (smoothing.smooth), quantized from that instead."""
+    embedding and the LM head stay in the model's dtype; so do MLA's latent projections, which its
+    absorbed decode reads as matrices: there only o, gate/up and down). float_weights: id(Linear)
+    -> its fp32 weight where smoothing made one (smoothing.smooth), quantized from that instead."""
     for layer in model.layers:
         for block, name in QUANTIZED:
             parent = getattr(layer, block)
-            linear = getattr(parent, name)
+            linear = getattr(parent, name, None)
+            if linear is None:                      # MLA: no fused q/k/v
+                continue
             weight = (float_weights or {}).get(id(linear), linear.weight)
             setattr(parent, name, QuantLinear(weight, linear.bias, fp8))
             del linear, weight                      # the float copy goes now: peak memory is one Linear's

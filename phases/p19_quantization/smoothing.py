@@ -11,7 +11,7 @@ and both factors now have channel ranges of similar size (the geometric mean of 
 costs nothing at run time: x is an RMSNorm's output, norm(h) * g, so g / s is the norm's new
 weight. That is why only the Linears behind a norm are smoothed: q/k/v (attn_norm) and gate/up
 (mlp_norm). o and down are fed by attention and by SiLU * up, where no weight can take the factor
-for free; they are quantized as they are.
+for free; they are quantized as they are (and so are MLA's projections: quant.py).
 
 max|x_j| comes from calibration: a short text (different from any text accuracy is measured on)
 run through the float model once at start; max_i |W_ij| over every output row, every rank's.
@@ -46,7 +46,8 @@ def activation_amax(model: Model, backend, tokens: list[int]) -> list[tuple[torc
     model prefills the tokens in chunks of CHUNK, each a sequence of its own in a pool of its own."""
     found = [[None, None] for _ in model.layers]
     hooks = [getattr(getattr(layer, block), name).register_forward_pre_hook(record(found[i], j))
-             for i, layer in enumerate(model.layers) for j, (_, block, name) in enumerate(SMOOTHED)]
+             for i, layer in enumerate(model.layers) for j, (_, block, name) in enumerate(SMOOTHED)
+             if hasattr(getattr(layer, block), name)]             # (MLA: no q/k/v Linear, its gate/up only)
     try:
         chunk = min(CHUNK, model.cfg.max_position)
         cache = KVCache(model.cfg, -(-chunk // BLOCK), BLOCK, model.embed.weight.device, model.embed.weight.dtype)
@@ -90,6 +91,8 @@ def smooth(model: Model, amax: list[tuple[torch.Tensor, torch.Tensor]], tp=None)
     smoothed = {}
     for layer, pair in zip(model.layers, amax):
         for (norm_name, block, name), x_amax in zip(SMOOTHED, pair):
+            if x_amax is None:                                        # not there (MLA's attention)
+                continue
             norm, linear = getattr(layer, norm_name), getattr(getattr(layer, block), name)
             s = smoothing_factors(x_amax, linear.weight, tp)
             norm.weight.copy_((norm.weight.float() / s).to(norm.weight.dtype))
