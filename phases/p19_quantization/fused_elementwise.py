@@ -14,7 +14,8 @@ input once and launch once:
     out = round(round(silu(gate)) * up)  rounded twice, as F.silu then the multiply did
 
 So a layer runs one add+norm before attention and one before the MLP (the second one's sum is the
-stream the next layer adds to), and the final norm takes the last layer's add. On a CPU the torch
+stream the next layer adds to), and the final norm takes the last layer's add. Before an 8-bit
+Linear the norm also quantizes its rows per token (triton_int8.store_quantized): one kernel. On a CPU the torch
 reference runs instead (layers.py), unless TRITON_INTERPRET=1; tests compare the two.
 """
 from __future__ import annotations
@@ -23,10 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_int8 import store_quantized
+
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_res, stride_out, dim, eps,
-                         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, scale_ptr, stride_x, stride_res, stride_out, dim, eps,
+                         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, QMAX: tl.constexpr, QUANT: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -38,20 +41,30 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_res, s
         x = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / dim + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = x * rstd * w
+    if QUANT:       # the row rounded to the model's dtype as the unfused norm wrote it, then 8 bits a value
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+        store_quantized(y, out_ptr + row * stride_out + cols, scale_ptr + row, mask, QMAX, QUANT == 1)
+    else:
+        tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 quantize: tuple[torch.dtype, float] | None = None):
     """x (T, dim) -> RMSNorm(x + residual) (T, dim); residual (T, dim) becomes x + residual in
-    place. residual None: RMSNorm(x), nothing else written."""
+    place. residual None: RMSNorm(x), nothing else written. quantize (int8 or e4m3, its largest
+    value): the normalized rows per token in that dtype instead, -> (values (T, dim), scales (T, 1))."""
     T, dim = x.shape
     assert x.stride(-1) == 1 and (residual is None or (residual.shape == x.shape and residual.stride(-1) == 1))
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if quantize is None else torch.empty(T, dim, dtype=quantize[0], device=x.device)
+    scale = out if quantize is None else torch.empty(T, 1, dtype=torch.float32, device=x.device)
     res = x if residual is None else residual             # (never read without HAS_RESIDUAL)
     block = triton.next_power_of_2(dim)
-    _add_rms_norm_kernel[(T,)](x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), dim, eps,
-                               BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=min(16, max(1, block // 256)))
-    return out
+    kind = 0 if quantize is None else (1 if quantize[0] == torch.int8 else 2)
+    _add_rms_norm_kernel[(T,)](x, res, weight, out, scale, x.stride(0), res.stride(0), out.stride(0), dim, eps,
+                               BLOCK=block, HAS_RESIDUAL=residual is not None, QMAX=quantize[1] if quantize else 1.0,
+                               QUANT=kind, num_warps=min(16, max(1, block // 256)))
+    return out if quantize is None else (out, scale)
 
 
 @triton.jit

@@ -3,8 +3,9 @@
 1. Check: the Triton quantizer against quant.quantize_int8 (bit for bit), the Triton int8 GEMM
    against torch._int_mm + the same epilogue (int32 exact: equal up to the epilogue's fp32
    rounding), on awkward shapes (M = 1, 3, 17, 33; N and K not multiples of any tile), with and
-   without a bias, under every tile shape the sweep times. On a GPU also the fp8 quantizer (the
-   interpreter's e4m3 cast is not the GPU's) and the fp8 GEMM against its dequantized product.
+   without a bias, under every tile shape the sweep times; the quantizing norm against the norm
+   and the quantizer it fuses, bit for bit. On a GPU also the fp8 quantizer (the interpreter's
+   e4m3 cast is not the GPU's) and the fp8 GEMM against its dequantized product.
 2. Time (GPU): llama-1b's and llama-8b's four Linears of a layer (q/k/v, o, gate/up, down) at
    M = 1 ... 4096 tokens: bf16 F.linear (twice: the A/A control), the GEMMs alone on quantized
    input (Triton int8, torch._int_mm with and without its epilogue, fp8 torch._scaled_mm), the
@@ -81,8 +82,27 @@ def check(device: str) -> list[dict]:
         print(f"[kernel] check M={M} N={N} K={K}: quantizer {'ok' if ok_quant else 'DIFFERS'}, GEMM max error "
               f"{max(r['metrics']['max_err_frac'] for r in results[-2 * (1 + len(TILES)):]):.1e} of the largest "
               f"output", flush=True)
+    results += check_norm(device)
     if device == "cuda":
         results += check_fp8(device)
+    return results
+
+
+def check_norm(device: str) -> list[dict]:
+    """The quantizing norm (add + RMSNorm + per-token int8 in one kernel) against the two kernels it
+    replaces, bit for bit: the same arithmetic in the same order."""
+    from .fused_elementwise import add_rms_norm
+    results = []
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32          # the model's dtype there
+    for T, dim in ((3, 300), (17, 576)):
+        x, res = torch.randn(T, dim, device=device, dtype=dtype), 10 * torch.randn(T, dim, device=device, dtype=dtype)
+        w = torch.rand(dim, device=device, dtype=dtype)
+        fused_res, plain_res = res.clone(), res.clone()
+        q, scale = add_rms_norm(x, fused_res, w, 1e-5, (torch.int8, quant.INT8_MAX))
+        ref_q, ref_scale = quantize_rows(add_rms_norm(x, plain_res, w, 1e-5), torch.int8, quant.INT8_MAX)
+        ok = bool(torch.equal(q, ref_q) and torch.equal(scale, ref_scale) and torch.equal(fused_res, plain_res))
+        results.append({"setting": {"T": T, "dim": dim, "norm": True}, "metrics": {"exact": ok}, "ok": ok})
+        print(f"[kernel] check the quantizing norm T={T} dim={dim}: {'exact' if ok else 'DIFFERS'}", flush=True)
     return results
 
 

@@ -18,8 +18,12 @@ torch._int_mm at every M. fp8: torch._scaled_mm (Hopper's e4m3 tensor cores, SM 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
+
+from .layers import RMSNorm
 
 MODES = ("w8a8", "w8a8-nosmooth", "fp8")   # the quantization= choices (None: the float model)
 INT8_MAX = 127.0
@@ -91,6 +95,36 @@ def fp8_matmul(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.T
     return out if bias is None else out + bias.to(out_dtype)
 
 
+class Quantized(NamedTuple):
+    """Activations already in 8 bits: what a quantizing norm hands the Linear after it."""
+    values: torch.Tensor          # (T, K) int8 or e4m3
+    scales: torch.Tensor          # (T, 1) fp32
+    dtype: torch.dtype            # the model's: the Linear's output dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+
+class QuantizingRMSNorm(RMSNorm):
+    """The RMSNorm before an 8-bit Linear (q/k/v, gate/up) quantizes its output rows per token,
+    on a GPU inside its own kernel (fused_elementwise.add_rms_norm): no bf16 row is written and
+    read back, and no quantizer launches. -> (Quantized, the residual stream)."""
+
+    def __init__(self, norm: RMSNorm, fp8: bool):
+        super().__init__(norm.weight.shape[0], norm.eps)
+        self.weight, self.fused, self.fp8 = norm.weight, norm.fused, fp8
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[Quantized, torch.Tensor]:
+        if x.is_cuda and self.fused:
+            from .fused_elementwise import add_rms_norm      # triton: imported where it runs
+            limit = (torch.float8_e4m3fn, FP8_MAX) if self.fp8 else (torch.int8, INT8_MAX)
+            q, scale = add_rms_norm(x, residual, self.weight, self.eps, limit)
+            return Quantized(q, scale, x.dtype), x if residual is None else residual
+        out, stream = super().forward(x, residual)
+        return Quantized(*quantize_tokens(out, self.fp8), out.dtype), stream
+
+
 class QuantLinear(nn.Module):
     """A Linear whose weight is int8 (or e4m3) with per-channel scales: y = x W^T (+ b)."""
 
@@ -104,11 +138,11 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_scale", scale.view(-1).contiguous())   # (N,) fp32
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (M, K) float -> (M, N) in x's dtype."""
-        xq, sx = quantize_tokens(x, self.fp8)
+    def forward(self, x: torch.Tensor | Quantized) -> torch.Tensor:
+        """x (M, K) float, or quantized by the norm before -> (M, N) in the model's dtype."""
+        xq, sx, dtype = x if isinstance(x, Quantized) else (*quantize_tokens(x, self.fp8), x.dtype)
         matmul = fp8_matmul if self.fp8 else int8_matmul
-        return matmul(xq, sx, self.weight, self.weight_scale, self.bias, x.dtype)
+        return matmul(xq, sx, self.weight, self.weight_scale, self.bias, dtype)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {'fp8 e4m3' if self.fp8 else 'int8'}"
@@ -121,8 +155,9 @@ QUANTIZED = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), 
 def quantize_linears(model: nn.Module, fp8: bool, float_weights: dict[int, torch.Tensor] | None = None) -> None:
     """Replace every layer's q/k/v, o, gate/up and down Linear by its QuantLinear, in place (the
     embedding and the LM head stay in the model's dtype; so do MLA's latent projections, which its
-    absorbed decode reads as matrices: there only o, gate/up and down). float_weights: id(Linear)
-    -> its fp32 weight where smoothing made one (smoothing.smooth), quantized from that instead."""
+    absorbed decode reads as matrices: there only o, gate/up and down), and the norms before q/k/v
+    and gate/up by quantizing ones. float_weights: id(Linear) -> its fp32 weight where smoothing
+    made one (smoothing.smooth), quantized from that instead."""
     for layer in model.layers:
         for block, name in QUANTIZED:
             parent = getattr(layer, block)
@@ -132,3 +167,6 @@ def quantize_linears(model: nn.Module, fp8: bool, float_weights: dict[int, torch
             weight = (float_weights or {}).get(id(linear), linear.weight)
             setattr(parent, name, QuantLinear(weight, linear.bias, fp8))
             del linear, weight                      # the float copy goes now: peak memory is one Linear's
+        if isinstance(getattr(layer.attn, "qkv_proj", None), QuantLinear):
+            layer.attn_norm = QuantizingRMSNorm(layer.attn_norm, fp8)
+        layer.mlp_norm = QuantizingRMSNorm(layer.mlp_norm, fp8)

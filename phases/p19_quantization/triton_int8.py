@@ -5,6 +5,8 @@ int8 x int8 -> int32 GEMM whose epilogue applies both scales and writes bf16.
     scale[m] = max_k |x[m, k]| / 127                (fp32; a zero row gets a tiny scale, not 0/0)
     q[m, k]  = clamp(round_half_even(x[m, k] / scale[m]), -127, 127)      int8
   (fp8: scale = amax / 448 and q = x / scale cast to e4m3: the same kernel, another store type)
+  The RMSNorm before q/k/v and before gate/up does this itself, on the row it just normalized
+  (fused_elementwise.add_rms_norm: one kernel fewer each, and no bf16 row written and read back).
 
   int8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N):
     acc = sum_k q[m, k] * w[n, k]                   int32, exact (|acc| < 127^2 K < 2^31 for K < 133k)
@@ -35,20 +37,28 @@ def _round_half_even(y):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, K, QMAX: tl.constexpr,
-                          IS_INT: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < K
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+def store_quantized(x, q_ptrs, scale_ptr, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr):
+    """One row x (BLOCK,) fp32, zeros past the mask -> its 8-bit values at q_ptrs, its scale at
+    scale_ptr. Called by the quantizer below and by the norm that quantizes its own output
+    (fused_elementwise.add_rms_norm)."""
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-8) / QMAX
     y = x / scale
     if IS_INT:
         y = tl.minimum(tl.maximum(_round_half_even(y), -QMAX), QMAX)
     else:
         y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
-    tl.store(q_ptr + row * stride_q + cols, y.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
+    tl.store(q_ptrs, y.to(q_ptrs.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr, scale)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, K, QMAX: tl.constexpr,
+                          IS_INT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < K
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    store_quantized(x, q_ptr + row * stride_q + cols, scale_ptr + row, mask, QMAX, IS_INT)
 
 
 def quantize_rows(x: torch.Tensor, dtype: torch.dtype, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
