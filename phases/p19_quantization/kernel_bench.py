@@ -13,9 +13,10 @@
    rule picks). Each call replayed from a CUDA graph (as a decode step runs it), REPEATS rounds in
    rotated order; a round's ratio is taken against the same round's bf16. TFLOP/s = 2MNK / time;
    GB/s = the weight's bytes / time for a GEMM (bf16: 2NK, int8/fp8: NK), the activation's for a
-   quantizer (bf16 in, 8 bits out: 3MK), against the copy bandwidth measured in the same run. At
-   M = 1 and 16 the Triton kernel's tile shapes are swept too ("triton BN=.. BK=..": the data the
-   tile rule answers to).
+   quantizer (bf16 in, 8 bits out: 3MK), against the copy bandwidth measured in the same run.
+   Beside q/k/v, the add + RMSNorm before it: alone, followed by the quantizer, and quantizing its
+   own rows (one kernel, what the engine runs). At M = 1 the Triton kernel's tile shapes are swept
+   too ("triton BN=.. BK=..": the data the tile rule answers to).
 Writes results/<phase>/gemm-<device>.json and prints, last, a layer's four Linears summed per M.
 """
 from __future__ import annotations
@@ -122,8 +123,21 @@ def check_fp8(device: str) -> list[dict]:
              "metrics": {"quantizer_equal_frac": same, "max_err_frac": err}, "ok": same > 0.999 and err < 1e-2}]
 
 
+def norm_variants(M: int, K: int, device: str) -> dict:
+    """The add + RMSNorm before q/k/v at M rows: alone (bf16 out), then the quantizer after it, and
+    the quantizing norm that fuses both (what the engine runs)."""
+    from .fused_elementwise import add_rms_norm
+    x, res = torch.randn(M, K, device=device, dtype=torch.bfloat16), torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    w = torch.ones(K, device=device, dtype=torch.bfloat16)
+    int8 = (torch.int8, quant.INT8_MAX)
+    return {"norm bf16": (lambda: add_rms_norm(x, res, w, 1e-5), 6 * M * K),
+            "norm then quantize int8": (lambda: quantize_rows(add_rms_norm(x, res, w, 1e-5), *int8), 9 * M * K),
+            "norm quantizing int8": (lambda: add_rms_norm(x, res, w, 1e-5, int8), 5 * M * K)}
+
+
 def variants(M: int, N: int, K: int, device: str, fp8_ok: bool) -> dict:
-    """name -> (a call, the bytes it must move: a GEMM's weight, a quantizer's bf16 in and int8 out)."""
+    """name -> (a call, the bytes it must move: a GEMM's weight, a quantizer's bf16 in and int8 out,
+    a norm's rows read and written)."""
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
     w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K ** 0.5
     lin = quant.QuantLinear(w.float(), None, fp8=False)
@@ -159,7 +173,7 @@ def time_grid(device: str, presets: list[str], hw: dict, fp8_ok: bool, run: dict
     for preset in presets:
         for shape, (N, K) in linear_shapes(preset).items():
             for M in ROWS:
-                calls = variants(M, N, K, device, fp8_ok)
+                calls = variants(M, N, K, device, fp8_ok) | (norm_variants(M, K, device) if shape == "qkv" else {})
                 samples = {name: [] for name in calls}
                 for rep in range(REPEATS):
                     names = list(calls)
@@ -169,7 +183,7 @@ def time_grid(device: str, presets: list[str], hw: dict, fp8_ok: bool, run: dict
                         us = 1e3 * triton.testing.do_bench_cudagraph(fn, rep=3, return_mode="median")
                         sample = {"repeat": rep, "us": us, "gb_s": moved / us / 1e3,
                                   "copy_frac": moved / (us * 1e-6) / copy_bytes_per_s}
-                        if not name.startswith("quantize"):
+                        if not name.startswith(("quantize", "norm")):
                             sample["tflop_s"] = 2 * M * N * K / us / 1e6
                         samples[name].append(sample)
                 for name, s in samples.items():
@@ -196,13 +210,17 @@ def record(name: str, preset: str, shape: str, M: int, N: int, K: int, samples: 
 
 def layer_table(records: list[dict], presets: list[str]) -> None:
     """A layer's four Linears summed, per preset and M: bf16 us, and each path's speed-up over it."""
-    cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "quantize int8"]
+    cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "quantize int8", "fusion saves"]  # (fusion: one norm's)
     by = {}
     for r in records:
         if r["workload"] == "gemm":
             key = (r["preset"], r["setting"]["M"], r["engine"])
             by[key] = by.get(key, 0.0) + r["metrics"]["us"]
-    print("\n| preset | M | bf16 us (4 Linears) | " + " | ".join(f"{c} x" if c != "quantize int8" else "quantize us"
+    for (preset, M, name), us in list(by.items()):
+        if name == "norm then quantize int8" and (preset, M, "norm quantizing int8") in by:
+            by[(preset, M, "fusion saves")] = us - by[(preset, M, "norm quantizing int8")]
+    microseconds = ("quantize int8", "fusion saves")
+    print("\n| preset | M | bf16 us (4 Linears) | " + " | ".join(f"{c} us" if c in microseconds else f"{c} x"
                                                               for c in cols) + " |")
     print("|" + " --- |" * (3 + len(cols)))
     for preset in presets:
@@ -210,7 +228,7 @@ def layer_table(records: list[dict], presets: list[str]) -> None:
             base = by.get((preset, M, "bf16"))
             if base is None:
                 continue
-            cells = [f"{by[(preset, M, c)]:.1f}" if c == "quantize int8" else f"{base / by[(preset, M, c)]:.2f}"
+            cells = [f"{by[(preset, M, c)]:.1f}" if c in microseconds else f"{base / by[(preset, M, c)]:.2f}"
                      if (preset, M, c) in by else "-" for c in cols]
             print(f"| {preset} | {M} | {base:.1f} | " + " | ".join(cells) + " |")
 
