@@ -14,6 +14,8 @@ says so and runs without it). What quantization must show is measured, not assum
   "latency", "latency-8b"            batch 1 on llama-1b / llama-8b (decode is weight-bound)
   "concurrency", "concurrency-8b"    64 requests in flight
   "offline", "offline-8b"            the offline batch (256 requests)
+  "profile-pair" the decode step of each mode profiled (llama-1b, batch 1 and 64): where INT8's
+                 time goes, kernel by kernel (the quantizers, the GEMMs, their epilogues)
 On a CPU the speed parts run tiny-llama at small scale: their plumbing, not a speed.
 """
 from __future__ import annotations
@@ -26,8 +28,9 @@ import torch
 
 from common import bench
 from common.bench_set import run_parts
+from common.profile_pair import profile_part
 from common.device import default_device, device_name
-from common.results import RESULTS, device_tag, provenance, write_records
+from common.results import RESULTS, device_tag, fill_readme_blocks, provenance, read_list, write_records
 from common.texts import evaluation_text
 
 PHASE = __package__.split(".")[-1]
@@ -84,13 +87,29 @@ def accuracy(rest: list[str], command: str) -> None:
         del llm
     out = RESULTS / PHASE / f"accuracy-{device_tag(device_name(device))}.json"
     write_records(out, records)
-    print("| mode | perplexity | top-1 agreement with float | logits rel. error | Linear weight MiB |")
-    print("| --- | --- | --- | --- | --- |")
+    print(accuracy_table("gpu" if device.startswith("cuda") else "cpu"))
+    fill_readme_blocks(PHASE, "accuracy", {tag: accuracy_table(tag) for tag in ("cpu", "gpu")})
+    print(f"[bench] run {run['run_id']}: wrote {len(records)} records to {out}")
+
+
+def accuracy_table(tag: str) -> str:
+    """The README's accuracy table, generated: "cpu" from accuracy-cpu.json, "gpu" from the first
+    GPU's file (accuracy-h100.json, ...)."""
+    files = sorted(f for f in (RESULTS / PHASE).glob("accuracy-*.json") if (f.stem == "accuracy-cpu") == (tag == "cpu"))
+    records = read_list(files[0]) if files else []
+    if not records:
+        return f"_accuracy on a {tag.upper()}: not yet measured (`make phase-19 bench PART=accuracy` there)._"
+    r0 = records[0]
+    tag = files[0].stem.removeprefix("accuracy-")
+    lines = [f"_{r0['device']}, {r0['dtype']}, {r0['setting']['tokens']} tokens of Chapter I, teacher-forced "
+             f"(generated from accuracy-{tag}.json)_", "",
+             "| mode | perplexity | top-1 agreement with float | logits error (rel.) | layers' Linears |",
+             "| --- | --- | --- | --- | --- |"]
     for r in records:
         m = r["metrics"]
-        print(f"| {r['setting']['quantization']} | {m['perplexity']:.3f} | {100 * m['top1_agreement']:.2f}% | "
-              f"{m['logits_rel_err']:.4f} | {m['linear_weight_bytes'] / 2**20:.1f} |")
-    print(f"[bench] run {run['run_id']}: wrote {len(records)} records to {out}")
+        lines.append(f"| {r['setting']['quantization']} | {m['perplexity']:.2f} | {100 * m['top1_agreement']:.1f}% "
+                     f"| {m['logits_rel_err']:.3f} | {m['linear_weight_bytes'] / 2**20:.0f} MiB |")
+    return "\n".join(lines)
 
 
 @torch.inference_mode()
@@ -132,6 +151,14 @@ def weight_bytes(model) -> int:
                for name, t in [*block.named_parameters(), *block.named_buffers()] if "weight" in name)
 
 
+def profile(rest: list[str], command: str) -> None:
+    """Decode steps of bf16, w8a8 and fp8 profiled in rotated rounds (common.profile_pair): where a
+    step's time goes, stage by stage and kernel by kernel, at batch 1 and 64 (on a CPU: tiny-llama)."""
+    device = rest[rest.index("--device") + 1] if "--device" in rest else default_device()
+    modes = ["w8a8", *(["fp8"] if fp8_supported(device) else [])]
+    profile_part(PHASE, [(ENGINE, {}), *[(ENGINE, {"quantization": m}) for m in modes]])(rest, command)
+
+
 def gemm(rest: list[str], command: str) -> None:
     from .kernel_bench import main as kernel_main          # sets up Triton's interpreter on CPU
     kernel_main(rest, command)
@@ -148,6 +175,7 @@ GPU_PARTS = {
     "concurrency-8b": speed("concurrency-8b", "concurrency", "llama-8b", "--concurrency", "64"),
     "offline": speed("offline", "offline", "llama-1b"),
     "offline-8b": speed("offline-8b", "offline", "llama-8b", options=POOL_8B),
+    "profile-pair": profile,
 }
 CPU_PARTS = {
     "gemm": gemm,
@@ -155,6 +183,7 @@ CPU_PARTS = {
     "latency": speed("latency", "latency", "tiny-llama", "--scale", "small"),
     "concurrency": speed("concurrency", "concurrency", "tiny-llama", "--concurrency", "8", "--scale", "small"),
     "offline": speed("offline", "offline", "tiny-llama", "--scale", "small"),
+    "profile-pair": profile,
 }
 
 
