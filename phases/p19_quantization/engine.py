@@ -104,11 +104,10 @@ class LLM:
     def _quantize(self) -> None:
         """The layers' Linears in 8 bits, once (quant.py); "w8a8" smooths them first with factors
         from the calibration text (smoothing.py). Every rank the same, on its own slices."""
-        smoothed = None
         if self.config.quantization == "w8a8":
             tokens = calibration_tokens(self.tokenizer, self.model_config.vocab_size)
-            smoothed = smooth(self.model, activation_amax(self.model, self.runner.backend, tokens), self.tp)
-        quantize_linears(self.model, self.config.quantization == "fp8", smoothed)
+            smooth(self.model, activation_amax(self.model, self.runner.backend, tokens), self.tp)
+        quantize_linears(self.model, self.config.quantization == "fp8")
 
     def _build_cache(self) -> KVCache:
         c = self.config

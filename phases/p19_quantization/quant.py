@@ -129,7 +129,7 @@ class QuantLinear(nn.Module):
     """A Linear whose weight is int8 (or e4m3) with per-channel scales: y = x W^T (+ b)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fp8: bool):
-        """weight (N, K) float (fp32 best: quantized from it, never from a rounded copy)."""
+        """weight (N, K) float: quantized per row from its fp32 values."""
         super().__init__()
         self.fp8 = fp8
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
@@ -152,21 +152,19 @@ QUANTIZED = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), 
 
 
 @torch.no_grad()
-def quantize_linears(model: nn.Module, fp8: bool, float_weights: dict[int, torch.Tensor] | None = None) -> None:
+def quantize_linears(model: nn.Module, fp8: bool) -> None:
     """Replace every layer's q/k/v, o, gate/up and down Linear by its QuantLinear, in place (the
     embedding and the LM head stay in the model's dtype; so do MLA's latent projections, which its
     absorbed decode reads as matrices: there only o, gate/up and down), and the norms before q/k/v
-    and gate/up by quantizing ones. float_weights: id(Linear) -> its fp32 weight where smoothing
-    made one (smoothing.smooth), quantized from that instead."""
+    and gate/up by quantizing ones. One Linear at a time: its fp32 copy is the peak memory."""
     for layer in model.layers:
         for block, name in QUANTIZED:
             parent = getattr(layer, block)
             linear = getattr(parent, name, None)
             if linear is None:                      # MLA: no fused q/k/v
                 continue
-            weight = (float_weights or {}).get(id(linear), linear.weight)
-            setattr(parent, name, QuantLinear(weight, linear.bias, fp8))
-            del linear, weight                      # the float copy goes now: peak memory is one Linear's
+            setattr(parent, name, QuantLinear(linear.weight, linear.bias, fp8))
+            del linear                              # the float weight goes now
         if isinstance(getattr(layer.attn, "qkv_proj", None), QuantLinear):
             layer.attn_norm = QuantizingRMSNorm(layer.attn_norm, fp8)
         layer.mlp_norm = QuantizingRMSNorm(layer.mlp_norm, fp8)

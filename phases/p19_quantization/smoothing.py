@@ -84,11 +84,10 @@ def smoothing_factors(x_amax: torch.Tensor, weight: torch.Tensor, tp=None) -> to
 
 
 @torch.no_grad()
-def smooth(model: Model, amax: list[tuple[torch.Tensor, torch.Tensor]], tp=None) -> dict[int, torch.Tensor]:
+def smooth(model: Model, amax: list[tuple[torch.Tensor, torch.Tensor]], tp=None) -> None:
     """Fold the factors into every smoothed pair, in place: the norm's weight / s, the Linear's
-    columns * s. Returns each smoothed Linear's weight in fp32, by id(Linear), for the quantizer
-    (quant.quantize_linears: the bf16 copy in the model is rounded once more)."""
-    smoothed = {}
+    columns * s (each product in fp32, one Linear at a time, stored in the model's dtype: a bf16
+    model's smoothed weight is rounded once before it is quantized, 2^-9 against int8's 2^-7)."""
     for layer, pair in zip(model.layers, amax):
         for (norm_name, block, name), x_amax in zip(SMOOTHED, pair):
             if x_amax is None:                                        # not there (MLA's attention)
@@ -96,7 +95,4 @@ def smooth(model: Model, amax: list[tuple[torch.Tensor, torch.Tensor]], tp=None)
             norm, linear = getattr(layer, norm_name), getattr(getattr(layer, block), name)
             s = smoothing_factors(x_amax, linear.weight, tp)
             norm.weight.copy_((norm.weight.float() / s).to(norm.weight.dtype))
-            weight = linear.weight.float() * s[None, :]           # (N, K) * (K,)
-            linear.weight.copy_(weight.to(linear.weight.dtype))   # the float model, smoothed (its test)
-            smoothed.setdefault(id(linear), weight)
-    return smoothed
+            linear.weight.copy_((linear.weight.float() * s[None, :]).to(linear.weight.dtype))   # (N, K) * (K,)
