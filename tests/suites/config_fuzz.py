@@ -711,13 +711,13 @@ QUANT_FILES = ("quant.py", "smoothing.py", "triton_int8.py")   # the 8-bit Linea
 
 
 def quant_seeds(phase: Phase) -> list[int]:
-    """The first seeds whose case quantizes (none before p19), one of each mode where that code
-    differs from the phase before's, one elsewhere (each builds a quantized engine alone too)."""
+    """The first seeds whose case quantizes (none before p19): one int8 and one fp8 where that code
+    differs from the phase before's, one int8 elsewhere (each builds a quantized engine alone too)."""
     if not phase.quantized:
         return []
     names = selection.phases()
     before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
-    modes = ["w8a8", "w8a8-nosmooth", "fp8"] if selection.differ(QUANT_FILES, phase.name, before) else ["w8a8"]
+    modes = ["w8a8", "fp8"] if selection.differ(QUANT_FILES, phase.name, before) else ["w8a8"]
     drawn = ((s, draw_case(s, phase, 1).options.get("quantization")) for s in range(10_000))
     found: dict[str, int] = {}
     for seed, mode in drawn:
