@@ -103,8 +103,10 @@ def _int8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
 
 def gemm_config(M: int, N: int, K: int) -> dict:
     """Tile and launch shape by the (padded) row count: a rule of shapes, never of data."""
-    if M <= 16:       # matrix-vector: short N tiles for many programs, long K for few loop trips
-        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4)
+    if M <= 16:       # matrix-vector: short N tiles for at least ~2 programs an SM (132 on an H100),
+        narrow = N < 8192                     # long K tiles for few loop trips and many bytes in flight
+        return dict(BLOCK_M=16, BLOCK_N=16 if narrow else 32, BLOCK_K=512 if narrow else 256, num_warps=4,
+                    num_stages=4)
     if M <= 64:
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
     if M <= 256:
