@@ -11,7 +11,7 @@ says so and runs without it). What quantization must show is measured, not assum
                  Alice in Wonderland; calibration: Chapter II's opening): perplexity, and top-1
                  agreement with the float model, teacher-forced (every position sees the true
                  text), for float, W8A8 without smoothing, W8A8, FP8. CPU (fp32) and GPU (bf16)
-  "latency", "latency-8b"            batch 1 on llama-1b / llama-8b (decode is weight-bound)
+  "latency"      batch 1 on llama-1b, then llama-8b (decode is weight-bound: the headline)
   "concurrency", "concurrency-8b"    64 requests in flight (llama-8b: without fp8, see POOL_8B)
   "offline", "offline-8b"            the offline batch (256 requests; llama-8b: without fp8)
   "profile-pair" the decode step of each mode profiled (llama-1b, batch 1 and 64): where INT8's
@@ -166,14 +166,13 @@ def gemm(rest: list[str], command: str) -> None:
 
 # llama-8b with many tokens in flight: bf16 twice (2 x 15 GiB) and w8a8 (8 GiB, built from 15 GiB of
 # bf16 weights) with their pools fill most of an 80 GB GPU; a fourth engine would not fit while the
-# third loads. fp8's llama-8b numbers: latency-8b (and its GEMMs: gemm).
+# third loads. fp8's llama-8b numbers: latency (and its GEMMs: gemm).
 POOL_8B = f"kv_cache_bytes={6 << 30}"
 
 GPU_PARTS = {
     "gemm": gemm,
     "accuracy": accuracy,
-    "latency": speed("latency", "latency", "llama-1b"),
-    "latency-8b": speed("latency-8b", "latency", "llama-8b"),
+    "latency": speed("latency", "latency", "llama-1b,llama-8b"),
     "concurrency": speed("concurrency", "concurrency", "llama-1b", "--concurrency", "64"),
     "concurrency-8b": speed("concurrency-8b", "concurrency", "llama-8b", "--concurrency", "64", fp8=False),
     "offline": speed("offline", "offline", "llama-1b"),
