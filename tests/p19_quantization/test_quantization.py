@@ -153,3 +153,17 @@ def test_bad_quantization_is_refused_with_the_choices(monkeypatch):
     monkeypatch.delattr(torch, "float8_e4m3fn")
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         config.EngineConfig(model="tiny-llama", device="cpu", quantization="fp8")
+
+
+def test_tensor_parallel_engine_runs_quantized():
+    """Two ranks (gloo), each quantizing its slices, the smoothing factors agreed over both: the
+    prompts' first tokens are one rank's (o's and down's inputs are then quantized per rank's slice,
+    so later tokens may part: README)."""
+    prompts, greedy = prompts_for("tiny-llama")[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    one = [o.token_ids for o in LLM("tiny-llama", quantization="w8a8", **CPU).generate(prompts, greedy)]
+    llm = LLM("tiny-llama", quantization="w8a8", tensor_parallel_size=2, **CPU)
+    try:
+        two = [o.token_ids for o in llm.generate(prompts, greedy)]
+    finally:
+        llm.shutdown()
+    assert [t[0] for t in two] == [t[0] for t in one] and all(len(t) == 4 for t in two)
