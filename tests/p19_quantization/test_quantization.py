@@ -167,3 +167,16 @@ def test_tensor_parallel_engine_runs_quantized():
     finally:
         llm.shutdown()
     assert [t[0] for t in two] == [t[0] for t in one] and all(len(t) == 4 for t in two)
+
+
+def test_graph_lanes_leave_each_requests_tokens():
+    """A replayed decode step runs its bucket's padded lanes too (cuda_graph.py; here its CPU
+    stand-in, eager): each row is quantized with its own scale, so padding changes no real row."""
+    graphs = importlib.import_module(f"phases.{PHASE}.cuda_graph")
+    prompts = prompts_for("tiny-llama")[:3]
+    want = [o.token_ids for o in LLM("tiny-llama", quantization="w8a8", **CPU).generate(prompts, GREEDY)]
+    llm = LLM("tiny-llama", quantization="w8a8", max_num_seqs=4, **CPU)
+    llm.runner.graphs = graphs.GraphRunner(llm.model, llm.cache, llm.runner.backend, graphs.buckets_up_to(4),
+                                           width=-(-llm.max_model_len // llm.cache.block_size),
+                                           scratch_block=llm.cache.scratch_block, capture=False)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want
