@@ -15,7 +15,8 @@ input once and launch once:
 
 So a layer runs one add+norm before attention and one before the MLP (the second one's sum is the
 stream the next layer adds to), and the final norm takes the last layer's add. Before an 8-bit
-Linear the norm also quantizes its rows per token (triton_int8.store_quantized): one kernel. On a CPU the torch
+Linear the norm, and SiLU * up before down, also quantize their rows per token
+(triton_int8.store_quantized): one kernel each, a program a row. On a CPU the torch
 reference runs instead (layers.py), unless TRITON_INTERPRET=1; tests compare the two.
 """
 from __future__ import annotations
@@ -68,23 +69,33 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(gate_up_ptr, out_ptr, scale_ptr, stride_in, stride_out, inter, BLOCK: tl.constexpr,
+                         QMAX: tl.constexpr, QUANT: tl.constexpr):
     row, block = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
     gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + row * stride_in + inter + cols, mask=mask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
+    dtype = gate_up_ptr.dtype.element_ty
     act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (act * up).to(dtype), mask=mask)
+    y = (act * up).to(dtype)
+    if QUANT:       # one program a row (BLOCK >= inter): the row's max is this program's
+        store_quantized(y.to(tl.float32), out_ptr + row * stride_out + cols, scale_ptr + row, mask, QMAX, QUANT == 1)
+    else:
+        tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up (T, 2I), gate then up -> silu(gate) * up (T, I)."""
+def silu_and_mul(gate_up: torch.Tensor, quantize: tuple[torch.dtype, float] | None = None):
+    """gate_up (T, 2I), gate then up -> silu(gate) * up (T, I). quantize (int8 or e4m3, its largest
+    value): its rows per token in that dtype instead, -> (values (T, I), scales (T, 1))."""
     T, width = gate_up.shape
     assert gate_up.stride(-1) == 1 and width % 2 == 0
-    inter, block = width // 2, 1024
-    out = torch.empty(T, inter, dtype=gate_up.dtype, device=gate_up.device)
-    _silu_and_mul_kernel[(T, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
-                                                         BLOCK=block, num_warps=4)
-    return out
+    inter = width // 2
+    block = 1024 if quantize is None else triton.next_power_of_2(inter)
+    out = torch.empty(T, inter, dtype=gate_up.dtype if quantize is None else quantize[0], device=gate_up.device)
+    scale = out if quantize is None else torch.empty(T, 1, dtype=torch.float32, device=gate_up.device)
+    kind = 0 if quantize is None else (1 if quantize[0] == torch.int8 else 2)
+    _silu_and_mul_kernel[(T, triton.cdiv(inter, block))](gate_up, out, scale, gate_up.stride(0), out.stride(0), inter,
+                                                         BLOCK=block, QMAX=quantize[1] if quantize else 1.0, QUANT=kind,
+                                                         num_warps=4 if quantize is None else min(16, max(4, block // 512)))
+    return out if quantize is None else (out, scale)

@@ -3,8 +3,8 @@
 1. Check: the Triton quantizer against quant.quantize_int8 (bit for bit), the Triton int8 GEMM
    against torch._int_mm + the same epilogue (int32 exact: equal up to the epilogue's fp32
    rounding), on awkward shapes (M = 1, 3, 17, 33; N and K not multiples of any tile), with and
-   without a bias, under every tile shape the sweep times; the quantizing norm against the norm
-   and the quantizer it fuses, bit for bit. On a GPU also the fp8 quantizer (the interpreter's
+   without a bias, under every tile shape the sweep times; the quantizing norm and SiLU * up
+   against the kernel and the quantizer each fuses, bit for bit. On a GPU also the fp8 quantizer (the interpreter's
    e4m3 cast is not the GPU's) and the fp8 GEMM against its dequantized product.
 2. Time (GPU): llama-1b's and llama-8b's four Linears of a layer (q/k/v, o, gate/up, down) at
    M = 1 ... 4096 tokens: bf16 F.linear (twice: the A/A control), the GEMMs alone on quantized
@@ -14,8 +14,8 @@
    rotated order; a round's ratio is taken against the same round's bf16. TFLOP/s = 2MNK / time;
    GB/s = the weight's bytes / time for a GEMM (bf16: 2NK, int8/fp8: NK), the activation's for a
    quantizer (bf16 in, 8 bits out: 3MK), against the copy bandwidth measured in the same run.
-   Beside q/k/v, the add + RMSNorm before it: alone, followed by the quantizer, and quantizing its
-   own rows (one kernel, what the engine runs). At M = 1 the Triton kernel's tile shapes are swept
+   Beside q/k/v the add + RMSNorm before it, beside down SiLU * up: alone, followed by the
+   quantizer, and quantizing their own rows (one kernel each, what the engine runs). At M = 1 the Triton kernel's tile shapes are swept
    too ("triton BN=.. BK=..": the data the tile rule answers to).
 Writes results/<phase>/gemm-<device>.json and prints, last, a layer's four Linears summed per M.
 """
@@ -90,9 +90,9 @@ def check(device: str) -> list[dict]:
 
 
 def check_norm(device: str) -> list[dict]:
-    """The quantizing norm (add + RMSNorm + per-token int8 in one kernel) against the two kernels it
-    replaces, bit for bit: the same arithmetic in the same order."""
-    from .fused_elementwise import add_rms_norm
+    """The quantizing norm (add + RMSNorm + per-token int8 in one kernel) and SiLU * up against the
+    two kernels each replaces, bit for bit: the same arithmetic in the same order."""
+    from .fused_elementwise import add_rms_norm, silu_and_mul
     results = []
     dtype = torch.bfloat16 if device == "cuda" else torch.float32          # the model's dtype there
     for T, dim in ((3, 300), (17, 576)):
@@ -103,7 +103,13 @@ def check_norm(device: str) -> list[dict]:
         ref_q, ref_scale = quantize_rows(add_rms_norm(x, plain_res, w, 1e-5), torch.int8, quant.INT8_MAX)
         ok = bool(torch.equal(q, ref_q) and torch.equal(scale, ref_scale) and torch.equal(fused_res, plain_res))
         results.append({"setting": {"T": T, "dim": dim, "norm": True}, "metrics": {"exact": ok}, "ok": ok})
-        print(f"[kernel] check the quantizing norm T={T} dim={dim}: {'exact' if ok else 'DIFFERS'}", flush=True)
+        gate_up = torch.randn(T, 2 * dim, device=device, dtype=dtype)
+        q, scale = silu_and_mul(gate_up, (torch.int8, quant.INT8_MAX))
+        ref_q, ref_scale = quantize_rows(silu_and_mul(gate_up), torch.int8, quant.INT8_MAX)
+        silu_ok = bool(torch.equal(q, ref_q) and torch.equal(scale, ref_scale))
+        results.append({"setting": {"T": T, "dim": dim, "silu": True}, "metrics": {"exact": silu_ok}, "ok": silu_ok})
+        print(f"[kernel] check the quantizing norm and SiLU * up T={T} dim={dim}: "
+              f"{'exact' if ok else 'DIFFERS'}, {'exact' if silu_ok else 'DIFFERS'}", flush=True)
     return results
 
 
@@ -123,16 +129,23 @@ def check_fp8(device: str) -> list[dict]:
              "metrics": {"quantizer_equal_frac": same, "max_err_frac": err}, "ok": same > 0.999 and err < 1e-2}]
 
 
-def norm_variants(M: int, K: int, device: str) -> dict:
-    """The add + RMSNorm before q/k/v at M rows: alone (bf16 out), then the quantizer after it, and
-    the quantizing norm that fuses both (what the engine runs)."""
-    from .fused_elementwise import add_rms_norm
-    x, res = torch.randn(M, K, device=device, dtype=torch.bfloat16), torch.randn(M, K, device=device, dtype=torch.bfloat16)
-    w = torch.ones(K, device=device, dtype=torch.bfloat16)
+def producer_variants(shape: str, M: int, K: int, device: str) -> dict:
+    """The kernel that makes a Linear's input at M rows: before q/k/v the add + RMSNorm, before down
+    SiLU * up. Alone (bf16 out), then the quantizer after it, and quantizing its own rows (one
+    kernel: what the engine runs)."""
+    from .fused_elementwise import add_rms_norm, silu_and_mul
     int8 = (torch.int8, quant.INT8_MAX)
-    return {"norm bf16": (lambda: add_rms_norm(x, res, w, 1e-5), 6 * M * K),
-            "norm then quantize int8": (lambda: quantize_rows(add_rms_norm(x, res, w, 1e-5), *int8), 9 * M * K),
-            "norm quantizing int8": (lambda: add_rms_norm(x, res, w, 1e-5, int8), 5 * M * K)}
+    if shape == "qkv":
+        x, res = torch.randn(M, K, device=device, dtype=torch.bfloat16), torch.randn(M, K, device=device, dtype=torch.bfloat16)
+        w = torch.ones(K, device=device, dtype=torch.bfloat16)
+        make, moved = (lambda *q: add_rms_norm(x, res, w, 1e-5, *q)), 6 * M * K    # x, res in; res, out written
+    else:
+        gate_up = torch.randn(M, 2 * K, device=device, dtype=torch.bfloat16)
+        make, moved = (lambda *q: silu_and_mul(gate_up, *q)), 6 * M * K           # 2K in, K out
+    name = {"qkv": "norm", "down": "silu*up"}[shape]
+    return {f"{name} bf16": (make, moved),
+            f"{name} then quantize int8": (lambda: quantize_rows(make(), *int8), moved + 3 * M * K),
+            f"{name} quantizing int8": (lambda: make(int8), moved - M * K)}
 
 
 def variants(M: int, N: int, K: int, device: str, fp8_ok: bool) -> dict:
@@ -173,7 +186,8 @@ def time_grid(device: str, presets: list[str], hw: dict, fp8_ok: bool, run: dict
     for preset in presets:
         for shape, (N, K) in linear_shapes(preset).items():
             for M in ROWS:
-                calls = variants(M, N, K, device, fp8_ok) | (norm_variants(M, K, device) if shape == "qkv" else {})
+                calls = variants(M, N, K, device, fp8_ok) | \
+                    (producer_variants(shape, M, K, device) if shape in ("qkv", "down") else {})
                 samples = {name: [] for name in calls}
                 for rep in range(REPEATS):
                     names = list(calls)
@@ -183,7 +197,7 @@ def time_grid(device: str, presets: list[str], hw: dict, fp8_ok: bool, run: dict
                         us = 1e3 * triton.testing.do_bench_cudagraph(fn, rep=3, return_mode="median")
                         sample = {"repeat": rep, "us": us, "gb_s": moved / us / 1e3,
                                   "copy_frac": moved / (us * 1e-6) / copy_bytes_per_s}
-                        if not name.startswith(("quantize", "norm")):
+                        if not name.startswith(("quantize", "norm", "silu")):
                             sample["tflop_s"] = 2 * M * N * K / us / 1e6
                         samples[name].append(sample)
                 for name, s in samples.items():
@@ -210,15 +224,17 @@ def record(name: str, preset: str, shape: str, M: int, N: int, K: int, samples: 
 
 def layer_table(records: list[dict], presets: list[str]) -> None:
     """A layer's four Linears summed, per preset and M: bf16 us, and each path's speed-up over it."""
-    cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "quantize int8", "fusion saves"]  # (fusion: one norm's)
+    cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "quantize int8", "fusion saves"]
     by = {}
     for r in records:
         if r["workload"] == "gemm":
             key = (r["preset"], r["setting"]["M"], r["engine"])
             by[key] = by.get(key, 0.0) + r["metrics"]["us"]
-    for (preset, M, name), us in list(by.items()):
-        if name == "norm then quantize int8" and (preset, M, "norm quantizing int8") in by:
-            by[(preset, M, "fusion saves")] = us - by[(preset, M, "norm quantizing int8")]
+    for (preset, M, name), us in list(by.items()):         # what fusing saves: the norm's and SiLU * up's
+        for producer in ("norm", "silu*up"):
+            if name == f"{producer} then quantize int8" and (preset, M, f"{producer} quantizing int8") in by:
+                by[(preset, M, "fusion saves")] = by.get((preset, M, "fusion saves"), 0.0) + us \
+                    - by[(preset, M, f"{producer} quantizing int8")]
     microseconds = ("quantize int8", "fusion saves")
     print("\n| preset | M | bf16 us (4 Linears) | " + " | ".join(f"{c} us" if c in microseconds else f"{c} x"
                                                               for c in cols) + " |")

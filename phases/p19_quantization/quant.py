@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .layers import RMSNorm
+from .layers import MLP, RMSNorm
 
 MODES = ("w8a8", "w8a8-nosmooth", "fp8")   # the quantization= choices (None: the float model)
 INT8_MAX = 127.0
@@ -125,6 +125,23 @@ class QuantizingRMSNorm(RMSNorm):
         return Quantized(*quantize_tokens(out, self.fp8), out.dtype), stream
 
 
+class QuantizingMLP(MLP):
+    """SwiGLU before an 8-bit down: on a GPU its SiLU * up kernel writes down's rows in 8 bits
+    (fused_elementwise.silu_and_mul); elsewhere down quantizes them. The same module, its class
+    swapped by quantize_linears (its Linears and its TP group stay)."""
+    fp8 = False
+
+    def forward(self, x: torch.Tensor | Quantized) -> torch.Tensor:
+        values = x.values if isinstance(x, Quantized) else x
+        if not (values.is_cuda and self.fused):
+            return super().forward(x)
+        from .fused_elementwise import silu_and_mul         # triton: imported where it runs
+        gate_up = self.gate_up_proj(x)                       # (T, 2 * intermediate)
+        limit = (torch.float8_e4m3fn, FP8_MAX) if self.fp8 else (torch.int8, INT8_MAX)
+        out = self.down_proj(Quantized(*silu_and_mul(gate_up, limit), gate_up.dtype))
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+
 class QuantLinear(nn.Module):
     """A Linear whose weight is int8 (or e4m3) with per-channel scales: y = x W^T (+ b)."""
 
@@ -155,8 +172,9 @@ QUANTIZED = (("attn", "qkv_proj"), ("attn", "o_proj"), ("mlp", "gate_up_proj"), 
 def quantize_linears(model: nn.Module, fp8: bool) -> None:
     """Replace every layer's q/k/v, o, gate/up and down Linear by its QuantLinear, in place (the
     embedding and the LM head stay in the model's dtype; so do MLA's latent projections, which its
-    absorbed decode reads as matrices: there only o, gate/up and down), and the norms before q/k/v
-    and gate/up by quantizing ones. One Linear at a time: its fp32 copy is the peak memory."""
+    absorbed decode reads as matrices: there only o, gate/up and down); the norms before q/k/v and
+    gate/up, and SiLU * up before down, quantize their own output. One Linear at a time: its fp32
+    copy is the peak memory."""
     for layer in model.layers:
         for block, name in QUANTIZED:
             parent = getattr(layer, block)
@@ -168,3 +186,4 @@ def quantize_linears(model: nn.Module, fp8: bool) -> None:
         if isinstance(getattr(layer.attn, "qkv_proj", None), QuantLinear):
             layer.attn_norm = QuantizingRMSNorm(layer.attn_norm, fp8)
         layer.mlp_norm = QuantizingRMSNorm(layer.mlp_norm, fp8)
+        layer.mlp.__class__, layer.mlp.fp8 = QuantizingMLP, fp8
