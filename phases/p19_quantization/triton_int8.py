@@ -5,8 +5,9 @@ int8 x int8 -> int32 GEMM whose epilogue applies both scales and writes bf16.
     scale[m] = max_k |x[m, k]| / 127                (fp32; a zero row gets a tiny scale, not 0/0)
     q[m, k]  = clamp(round_half_even(x[m, k] / scale[m]), -127, 127)      int8
   (fp8: scale = amax / 448 and q = x / scale cast to e4m3: the same kernel, another store type)
-  The RMSNorm before q/k/v and before gate/up does this itself, on the row it just normalized
-  (fused_elementwise.add_rms_norm: one kernel fewer each, and no bf16 row written and read back).
+  The RMSNorm before q/k/v and before gate/up, and SiLU * up before down, do this themselves on
+  the row they just computed (fused_elementwise: one kernel fewer each, no bf16 row written and
+  read back); only o's input, attention's output, goes through the quantizer on its own.
 
   int8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N):
     acc = sum_k q[m, k] * w[n, k]                   int32, exact (|acc| < 127^2 K < 2^31 for K < 133k)
