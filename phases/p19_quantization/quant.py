@@ -62,11 +62,16 @@ def check_fp8(device: str | None = None) -> None:
                          f"SM {'.'.join(map(str, torch.cuda.get_device_capability(device)))}: use 'w8a8'")
 
 
+def limits(fp8: bool) -> tuple[torch.dtype, float]:
+    """The 8-bit dtype and its largest value, as the Triton kernels take them."""
+    return (torch.float8_e4m3fn, FP8_MAX) if fp8 else (torch.int8, INT8_MAX)
+
+
 def quantize_tokens(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The activation side, per token: one Triton kernel on a GPU, torch's ops elsewhere."""
     if x.is_cuda:
         from .triton_int8 import quantize_rows              # triton: imported where it runs
-        return quantize_rows(x.contiguous(), torch.float8_e4m3fn if fp8 else torch.int8, FP8_MAX if fp8 else INT8_MAX)
+        return quantize_rows(x.contiguous(), *limits(fp8))
     return quantize_fp8(x) if fp8 else quantize_int8(x)
 
 
@@ -118,8 +123,7 @@ class QuantizingRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[Quantized, torch.Tensor]:
         if x.is_cuda and self.fused:
             from .fused_elementwise import add_rms_norm      # triton: imported where it runs
-            limit = (torch.float8_e4m3fn, FP8_MAX) if self.fp8 else (torch.int8, INT8_MAX)
-            q, scale = add_rms_norm(x, residual, self.weight, self.eps, limit)
+            q, scale = add_rms_norm(x, residual, self.weight, self.eps, limits(self.fp8))
             return Quantized(q, scale, x.dtype), x if residual is None else residual
         out, stream = super().forward(x, residual)
         return Quantized(*quantize_tokens(out, self.fp8), out.dtype), stream
@@ -137,8 +141,7 @@ class QuantizingMLP(MLP):
             return super().forward(x)
         from .fused_elementwise import silu_and_mul         # triton: imported where it runs
         gate_up = self.gate_up_proj(x)                       # (T, 2 * intermediate)
-        limit = (torch.float8_e4m3fn, FP8_MAX) if self.fp8 else (torch.int8, INT8_MAX)
-        out = self.down_proj(Quantized(*silu_and_mul(gate_up, limit), gate_up.dtype))
+        out = self.down_proj(Quantized(*silu_and_mul(gate_up, limits(self.fp8)), gate_up.dtype))
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
