@@ -454,6 +454,8 @@ HEADLINES = {
     # against p17 prefilling them in chunks beside the decodes
     "p18_pd_disaggregation": ("long-mix", "llama-1b", {}, "p18 disaggregation=pd max_num_batched_tokens=2048",
                               "p17 max_num_batched_tokens=2048", H100),
+    # p19: batch-1 decode on llama-8b, the Linears in int8 (smoothed) against the bf16 engine: the weights' bytes halved
+    "p19_quantization": ("latency", "llama-8b", {"batch": 1}, "p19 quantization=w8a8", "p19", H100),
 }
 
 

@@ -126,6 +126,11 @@ class Phase:
         return "disaggregation" in self.fields
 
     @property
+    def quantized(self) -> bool:
+        """Its engine may run 8-bit Linears (p19 on): a config case may quantize."""
+        return "quantization" in self.fields
+
+    @property
     def package(self):
         return importlib.import_module(f"phases.{self.name}")
 
@@ -206,6 +211,10 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
     if ranks and phase.disaggregated and "tensor_parallel_size" not in case.options \
             and random.Random(f"{seed}/pd").random() < 0.1:   # a prefill process beside (p18 on; its own stream)
         case.options |= {"disaggregation": "pd", "speculative": None}   # PD refuses speculation
+    if phase.quantized and "tensor_parallel_size" not in case.options:   # (p19 on; its own streams). Not on two
+        quant = random.Random(f"{seed}/quant")      # ranks: each quantizes its own slices, which one rank does not
+        if quant.random() < 0.2:
+            case.options["quantization"] = quant.choice(["w8a8", "w8a8-nosmooth", "fp8"])
     case.pool_slack = rng.choice([None, None, 0, 1, 2, rng.randint(3, 12)])
     longest = MAX_MODEL_LEN if phase.chunks else case.options["max_num_batched_tokens"]
     case.workloads = [draw_workload(rng, longest, case.options["block_size"]) for _ in range(num_workloads)]
@@ -278,20 +287,32 @@ def fresh(rng: random.Random, n: int) -> list[int]:
 class Alone:
     """Greedy tokens of each prompt run alone on a default engine of the phase. One run per prompt,
     with as many new tokens as fit: a greedy run of m tokens is the first m of a longer run (the
-    same steps, one request, one token each)."""
+    same steps, one request, one token each). A quantized case (p19 on) is held to a default engine
+    quantized the same way: its arithmetic is another on purpose."""
 
     def __init__(self, phase: Phase):
+        self.phase = phase
         self.llm = phase.package.LLM(phase.model, max_model_len=MAX_MODEL_LEN, **BASE)
-        self.answers: dict[tuple[int, ...], list[int]] = {}
+        self.quantized: dict[str, object] = {}     # quantization -> its default engine, built on first use
+        self.answers: dict[tuple, list[int]] = {}
 
-    def tokens(self, prompt: list[int], max_tokens: int) -> list[int]:
-        key = tuple(prompt)
+    def engine(self, quantization: str | None):
+        if quantization is None:
+            return self.llm
+        if quantization not in self.quantized:
+            self.quantized[quantization] = self.phase.package.LLM(self.phase.model, max_model_len=MAX_MODEL_LEN,
+                                                                  quantization=quantization, **BASE)
+        return self.quantized[quantization]
+
+    def tokens(self, prompt: list[int], max_tokens: int, quantization: str | None = None) -> list[int]:
+        key = (quantization, *prompt)
         if key not in self.answers:
-            if hasattr(self.llm, "reset_prefix_cache"):       # alone: nothing cached from the last one
-                self.llm.reset_prefix_cache()
+            llm = self.engine(quantization)
+            if hasattr(llm, "reset_prefix_cache"):            # alone: nothing cached from the last one
+                llm.reset_prefix_cache()
             params = SamplingParams(temperature=0, max_tokens=min(MAX_NEW_TOKENS, MAX_MODEL_LEN - len(prompt)),
                                     ignore_eos=True)
-            self.answers[key] = self.llm.generate([prompt], params)[0].token_ids
+            self.answers[key] = llm.generate([prompt], params)[0].token_ids
         return self.answers[key][:max_tokens]
 
 
@@ -436,7 +457,7 @@ def judge(llm, watch: StepWatch, workload: Workload, got: dict[int, list[int] | 
             continue
         if got[i] is None:                    # aborted: whatever it had is gone
             continue
-        expected = alone.tokens(r.prompt, r.max_tokens)
+        expected = alone.tokens(r.prompt, r.max_tokens, getattr(llm.config, "quantization", None))
         if got[i] != expected:
             problems.append(f"request {i} (prompt of {len(r.prompt)}: {short(r.prompt)}, max_tokens {r.max_tokens}, "
                             f"priority {r.priority}): {got[i]} != alone {expected}")
@@ -660,7 +681,7 @@ def soak_seeds(variable: str) -> range:
 def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes):
     """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
     seeds = sorted({*range(FIRST_CASES), *caught(CAUGHT_CASES, fuzz_phase), *ranked_seeds(fuzz_phase),
-                    *pd_seeds(fuzz_phase)})
+                    *pd_seeds(fuzz_phase), *quant_seeds(fuzz_phase)})
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
 
 
@@ -693,6 +714,27 @@ def pd_seeds(phase: Phase) -> list[int]:
     count = 2 if selection.differ(PD_FILES, phase.name, before) else 1
     seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("disaggregation"))
     return [next(seeds) for _ in range(count)]
+
+
+QUANT_FILES = ("quant.py", "smoothing.py", "triton_int8.py")   # the 8-bit Linears' own code (p19 on)
+
+
+def quant_seeds(phase: Phase) -> list[int]:
+    """The first seeds whose case quantizes (none before p19): one int8 and one fp8 where that code
+    differs from the phase before's, one int8 elsewhere (each builds a quantized engine alone too)."""
+    if not phase.quantized:
+        return []
+    names = selection.phases()
+    before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
+    modes = ["w8a8", "fp8"] if selection.differ(QUANT_FILES, phase.name, before) else ["w8a8"]
+    drawn = ((s, draw_case(s, phase, 1).options.get("quantization")) for s in range(10_000))
+    found: dict[str, int] = {}
+    for seed, mode in drawn:
+        if mode in modes and mode not in found:
+            found[mode] = seed
+            if len(found) == len(modes):
+                break
+    return sorted(found.values())
 
 
 def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes):

@@ -1,0 +1,116 @@
+"""The absorbed MLA decode in Triton: H query heads over one shared latent "KV head", split-K.
+
+mla.py folds W_UK into the query, so every head's query is W = r + rope values wide and every
+head reads the same cached rows [c (r) | k_pe (rope)]: attention with one KV head and H query
+heads (MQA), key width W, value width r (the value is the latent c itself). So one program holds
+all H heads and reads each cached row once for all of them (p15's kernel did the same for a GQA
+group). The split over the context and the exact merge of the splits are p15's (triton_decode.py:
+a program per (sequence, split) writes o_s and lse_s; the combine kernel merges them).
+
+Per tile of BLOCK_N cached rows: scores (H, BLOCK_N) = q_lat c^T + q_pe k_pe^T (two dots: r and
+rope are powers of two apart, 512 and 64 for DeepSeek-V2), the online softmax, acc (H, r) += p c.
+
+Shapes: q (B, H, W) with the latent part first; pool (num_pages, page_size, 1, W), one layer's;
+block_tables (B, max_pages) int32; context_lens (B,) int32 on the device. Returns (B, H, r).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits
+
+BLOCK_N = 32                 # cached rows per tile: 32 x 576 bf16 = 36 KB, one tile in flight per stage
+# One latent "KV head": at batch 1 there is one program per split, so p15's cap of 64 splits (set
+# for 8 KV heads: 8 x 33 programs) would leave half of an H100's 132 SMs idle. A split's partial is
+# H x r floats (32 KB for 16 heads): 256 of them are 8 MB of scratch and a short combine.
+MAX_SPLITS = 256
+
+
+def choose_latent_splits(batch: int, num_sms: int, max_context_len: int) -> int:
+    """p15's rule (triton_decode.choose_num_splits) for one KV head, tiles of BLOCK_N rows, up to
+    MAX_SPLITS: batch 1 over 32k rows on 132 SMs -> 256 splits of 128 rows (4 tiles) each."""
+    return choose_num_splits(batch, 1, num_sms, max_context_len, block_n=BLOCK_N, max_splits=MAX_SPLITS)
+
+
+@triton.jit
+def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scale,
+                         stride_qb, stride_qh, stride_pp, stride_ps, stride_tb,
+                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                         H: tl.constexpr, R: tl.constexpr, P: tl.constexpr, PAGE: tl.constexpr, S: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                         UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Program (b, s): every head of sequence b over split s of its cached rows."""
+    b, split = tl.program_id(0), tl.program_id(1)
+    length = tl.load(lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(length, S), BLOCK_N) * BLOCK_N       # rows per split, whole tiles
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, length)
+    heads = tl.arange(0, BLOCK_H)
+    head_ok = heads < H
+    rdims = tl.arange(0, R)
+    pdims = tl.arange(0, BLOCK_P)
+    p_ok = pdims < P
+    q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    q_lat = tl.load(q_row + rdims[None, :], mask=head_ok[:, None], other=0.0)                       # (BLOCK_H, R)
+    q_pe = tl.load(q_row + R + pdims[None, :], mask=head_ok[:, None] & p_ok[None, :], other=0.0)    # (BLOCK_H, BLOCK_P)
+    if UPCAST:
+        q_lat, q_pe = q_lat.to(tl.float32), q_pe.to(tl.float32)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, R], tl.float32)
+    table = table_ptr + b * stride_tb
+    for start in range(lo, hi, BLOCK_N):
+        rows = start + tl.arange(0, BLOCK_N)
+        row_ok = rows < length
+        page = tl.load(table + rows // PAGE, mask=row_ok, other=0)
+        slot = page.to(tl.int64) * stride_pp + (rows % PAGE) * stride_ps                            # (BLOCK_N,)
+        c = tl.load(pool_ptr + slot[:, None] + rdims[None, :], mask=row_ok[:, None], other=0.0)     # (BLOCK_N, R)
+        k_pe = tl.load(pool_ptr + slot[:, None] + R + pdims[None, :], mask=row_ok[:, None] & p_ok[None, :],
+                       other=0.0)                                                                  # (BLOCK_N, BLOCK_P)
+        if UPCAST:
+            c, k_pe = c.to(tl.float32), k_pe.to(tl.float32)
+        s = (tl.dot(q_lat, tl.trans(c)) + tl.dot(q_pe, tl.trans(k_pe))) * scale                     # (BLOCK_H, BLOCK_N)
+        s = tl.where(row_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+        m = m_new
+    seen = l > 0                                                  # False only for an empty split
+    l_safe = tl.where(seen, l, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + rdims[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=head_ok[:, None])
+    if WRITE_LSE:
+        lse = tl.where(seen, m + tl.log(l_safe), float("-inf"))
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_ok)
+
+
+def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N) -> torch.Tensor:
+    """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
+    No host read of device data, grids (B, S) and (B, H): capturable in a CUDA graph."""
+    B, H, W = q.shape
+    page = pool.shape[1]
+    rope = W - rank
+    assert pool.shape[2] == 1 and pool.shape[3] == W and pool.stride(-1) == 1 and q.stride(-1) == 1
+    assert rank & (rank - 1) == 0 and rank >= 16, f"kv_lora_rank {rank} must be a power of two >= 16"
+    out = torch.empty(B, H, rank, dtype=q.dtype, device=q.device)
+    if num_splits == 1:
+        o, lse, stride_os = out, out, 0                           # the partial is the answer
+    else:
+        o, lse = alloc_scratch(B, H, num_splits, rank, q.device)
+        stride_os = o.stride(2)
+    _latent_split_kernel[(B, num_splits)](
+        q, pool, block_tables, context_lens, o, lse, scale,
+        q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), block_tables.stride(0),
+        o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
+        H=H, R=rank, P=rope, PAGE=page, S=num_splits, BLOCK_H=max(16, triton.next_power_of_2(H)),
+        BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_N=block_n, UPCAST=INTERPRETED,
+        WRITE_LSE=num_splits > 1)
+    if num_splits > 1:
+        combine_splits(o, lse, out, num_splits)
+    return out
