@@ -69,14 +69,14 @@ class LLM:
             self._stop_ranks = weakref.finalize(self, self.tp.close)
             self.device = self.tp.device
         self.model = self._build_model()
+        if self.config.quantization:      # before the pool: the bytes int8 frees become KV blocks
+            self._quantize()
         self.cache = self._build_cache()       # after the weights: the pool takes what memory is left
         blocks = BlockManager(self.cache.num_blocks, self.cache.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(blocks, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    self.config.preemption, self.config.max_num_partial_prefills)
         self.swapped_kv: dict[int, torch.Tensor] = {}   # seq_id -> its K/V in host memory (swap)
         self.runner = ModelRunner(self.model, self.cache, self.device, make_backend(self.config.attention_backend))
-        if self.config.quantization:      # before the graphs: they capture the quantized Linears
-            self._quantize()
         if self.config.graphs_apply:      # last: the graphs' memory comes after the pool's
             self.runner.graphs = self._capture_graphs()
         self.generators: dict[int, torch.Generator | None] = {}   # seq_id -> its private RNG
@@ -104,10 +104,13 @@ class LLM:
     def _quantize(self) -> None:
         """The layers' Linears in 8 bits, once (quant.py); "w8a8" smooths them first with factors
         from the calibration text (smoothing.py). Every rank the same, on its own slices."""
-        if self.config.quantization == "w8a8":
+        if self.config.quantization == "w8a8":     # calibration prefills in a private pool
             tokens = calibration_tokens(self.tokenizer, self.model_config.vocab_size)
-            smooth(self.model, activation_amax(self.model, self.runner.backend, tokens), self.tp)
+            backend = make_backend(self.config.attention_backend)
+            smooth(self.model, activation_amax(self.model, backend, tokens), self.tp)
         quantize_linears(self.model, self.config.quantization == "fp8")
+        if str(self.device).startswith("cuda"):    # the bf16 weights' memory back to the free count
+            torch.cuda.empty_cache()               # that sizes the pool (mem_get_info)
 
     def _build_cache(self) -> KVCache:
         c = self.config

@@ -115,6 +115,20 @@ def test_linears_are_quantized_and_the_rest_is_not():
     assert llm.model.embed.weight.dtype == llm.model.lm_head.weight.dtype == torch.float32
 
 
+def test_the_pool_is_sized_after_quantizing(monkeypatch):
+    """The KV pool takes the memory the weights leave: sized after the Linears are int8, so the
+    bytes quantizing frees become blocks (on a GPU, where the budget is what is free)."""
+    seen, build = [], LLM._build_cache
+
+    def spy(self):
+        seen.append(all(isinstance(m, quant.QuantLinear) for m in (self.model.layers[0].mlp.down_proj,
+                                                                    self.model.layers[0].attn.o_proj)))
+        return build(self)
+    monkeypatch.setattr(LLM, "_build_cache", spy)
+    LLM("tiny-llama", quantization="fp8", **CPU)
+    assert seen == [True]
+
+
 def assert_reference_tokens(preset: str, mode: str, llm, prompts, near_tie: float = 0.0) -> None:
     """Each greedy token is the fake-quantized model's argmax, read teacher-forced: the prompt and
     the engine's tokens in one forward. Not HF's generate: its incremental decode differs from its
