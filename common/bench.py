@@ -225,7 +225,7 @@ def record(name, preset, args, work_setting, samples, hw, run, resident_gib) -> 
     metrics.pop("num_tokens", None)
     if work.name == "latency":
         metrics["ms_per_token"] = 1e3 / metrics["decode_tok_s"]   # the median rate's, not a mean of two
-        add_roofline(metrics, preset, args.dtype, work, hw)
+        add_roofline(metrics, preset, args.dtype, work, hw, phase_options(name, args))
     else:
         metrics |= {"num_requests": len(work.requests), "output_tokens": work.output_tokens,
                     "prompt_tokens": work.prompt_tokens}
@@ -276,12 +276,14 @@ def workload_setting(rec: dict) -> dict:
 SHARED_SETTINGS = ("batch", "concurrency", "requests", "prompt_len", "noise_control")
 
 
-def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict) -> None:
-    """Fraction of the bandwidth floor reached by a batch-1 decode step at mean context. The bytes
-    are kept too, so a report can divide them by one bandwidth figure per machine."""
+def add_roofline(metrics: dict, preset: str, dtype: str, work, hw: dict, options: dict) -> None:
+    """Fraction of the bandwidth floor reached by a batch-1 decode step at mean context (an engine
+    with quantization= reads its Linears in 8 bits). The bytes are kept too, so a report can divide
+    them by one bandwidth figure per machine."""
     cfg = resolve(preset).config
     context = len(work.prompts[0]) + work.params[0].max_tokens // 2
-    floor = roofline.decode_floor_s(cfg, parse_dtype(dtype), context, hw["copy_bytes_per_s"])
+    floor = roofline.decode_floor_s(cfg, parse_dtype(dtype), context, hw["copy_bytes_per_s"],
+                                    linear_elem=1 if options.get("quantization") else None)
     metrics["floor_bytes"] = floor * hw["copy_bytes_per_s"]
     metrics["roofline_ms_per_token"] = 1e3 * floor
     metrics["roofline_frac"] = 1e3 * floor / metrics["ms_per_token"]

@@ -50,10 +50,25 @@ def measure(device: str) -> dict:
     return {"copy_bytes_per_s": copy_bandwidth(device), "matmul_flop_per_s": matmul_rate(device)}
 
 
-def decode_floor_s(cfg: ModelConfig, dtype: torch.dtype, context_tokens: int, bandwidth: float) -> float:
+def decode_floor_s(cfg: ModelConfig, dtype: torch.dtype, context_tokens: int, bandwidth: float,
+                   linear_elem: int | None = None) -> float:
     """Fewest seconds one decode step can take: weights read once + KV of `context_tokens`
-    (summed over the batch) read once."""
+    (summed over the batch) read once. linear_elem: the bytes of a weight of the layers' 8-bit
+    Linears (a quantized model: 1), the rest in `dtype`."""
     elem = torch.tensor([], dtype=dtype).element_size()
     weight_bytes = cfg.num_params() * elem
+    if linear_elem is not None:
+        weight_bytes -= quantized_params(cfg) * (elem - linear_elem)
     kv_bytes = context_tokens * cfg.kv_bytes_per_token(dtype)
     return (weight_bytes + kv_bytes) / bandwidth
+
+
+def quantized_params(cfg: ModelConfig) -> int:
+    """The weights W8A8 stores in 8 bits: every layer's q/k/v, o, gate/up and down (MLA: o,
+    gate/up and down; its latent projections stay), not the embedding, the LM head or the norms."""
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    if cfg.is_mla:
+        attn = cfg.num_heads * cfg.v_head_dim * d
+    else:
+        attn = d * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    return cfg.num_layers * (attn + 3 * d * f)

@@ -4,12 +4,13 @@
    against torch._int_mm + the same epilogue (int32 exact: equal up to the epilogue's fp32
    rounding), on awkward shapes (M = 1, 3, 17, 33; N and K not multiples of any tile), with and
    without a bias, under every tile shape the sweep times; the quantizing norm and SiLU * up
-   against the kernel and the quantizer each fuses, bit for bit. On a GPU also the fp8 quantizer (the interpreter's
-   e4m3 cast is not the GPU's) and the fp8 GEMM against its dequantized product.
+   against the kernel and the quantizer each fuses, bit for bit; the Triton GEMM on e4m3 against the
+   dequantized product. On a GPU also the fp8 quantizer (the interpreter's e4m3 cast is not the
+   GPU's) and torch._scaled_mm.
 2. Time (GPU): llama-1b's and llama-8b's four Linears of a layer (q/k/v, o, gate/up, down) at
    M = 1 ... 4096 tokens: bf16 F.linear (twice: the A/A control), the GEMMs alone on quantized
-   input (Triton int8, torch._int_mm with and without its epilogue, fp8 torch._scaled_mm), the
-   per-token quantizers alone, and the Linear as the engine runs it (quantizer + the GEMM its
+   input (Triton on int8, and on e4m3 up to M = 64; torch._int_mm with and without its epilogue;
+   torch._scaled_mm), the per-token quantizers alone, and the Linear as the engine runs it (quantizer + the GEMM its
    rule picks). Each call replayed from a CUDA graph (as a decode step runs it), REPEATS rounds in
    rotated order; a round's ratio is taken against the same round's bf16. TFLOP/s = 2MNK / time;
    GB/s = the weight's bytes / time for a GEMM (bf16: 2NK, int8/fp8: NK), the activation's for a
@@ -39,12 +40,13 @@ from common.results import RESULTS, device_tag, provenance, write_records   # no
 from common.stats import summarize                        # noqa: E402
 
 from . import quant                                       # noqa: E402
-from .triton_int8 import int8_gemm, quantize_rows   # noqa: E402
+from .triton_int8 import quantize_rows, w8a8_gemm        # noqa: E402
 
 PHASE = __package__.split(".")[-1]
 CHECK_SHAPES = [(1, 77, 300), (3, 130, 520), (17, 64, 96), (33, 200, 1000)]   # (M, N, K)
 TILES = [dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s)    # swept at M <= 16
-         for n, k, w, s in ((16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 4, 3), (64, 256, 4, 4), (64, 128, 4, 4))]
+         for n, k, w, s in ((16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 4, 3), (64, 256, 4, 4), (64, 128, 4, 4),
+                            (16, 1024, 4, 3), (32, 1024, 4, 3), (64, 512, 4, 3), (32, 512, 8, 3))]
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 PRESETS = ("llama-1b", "llama-8b")
 REPEATS = 3
@@ -76,7 +78,7 @@ def check(device: str) -> list[dict]:
             exact = xq.cpu().long().matmul(wq.cpu().long().t()).to(device)          # int64: no rounding
             ref = quant.epilogue(exact, xs, ws.view(-1), b, torch.float32)
             for tile in [None, *TILES]:
-                got = int8_gemm(xq, xs, wq, ws.view(-1), b, torch.float32, tile)
+                got = w8a8_gemm(xq, xs, wq, ws.view(-1), b, torch.float32, tile)
                 err = ((got - ref).abs().max() / ref.abs().max()).item()           # the epilogue's fp32 rounding
                 results.append({"setting": {"M": M, "N": N, "K": K, "bias": b is not None, "tile": tile or "rule"},
                                 "metrics": {"max_err_frac": err, "quantizer_ok": ok_quant}, "ok": ok_quant and err < 1e-5})
@@ -84,7 +86,7 @@ def check(device: str) -> list[dict]:
               f"{max(r['metrics']['max_err_frac'] for r in results[-2 * (1 + len(TILES)):]):.1e} of the largest "
               f"output", flush=True)
     results += check_norm(device)
-    if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9):     # e4m3 needs SM 8.9+
+    if device == "cpu" or torch.cuda.get_device_capability() >= (8, 9):       # e4m3 needs SM 8.9+
         results += check_fp8(device)
     return results
 
@@ -114,19 +116,28 @@ def check_norm(device: str) -> list[dict]:
 
 
 def check_fp8(device: str) -> list[dict]:
-    """The GPU's fp8 quantizer against torch's cast, and _scaled_mm against the dequantized product."""
+    """The Triton GEMM on e4m3 against the dequantized product (in the interpreter too: its inputs
+    from torch's cast there); on a GPU also the fp8 quantizer against torch's cast and
+    torch._scaled_mm (quant.fp8_matmul's path above TRITON_MAX_M)."""
     x, w = torch.randn(33, 512, device=device), torch.randn(256, 512, device=device) / 512 ** 0.5
-    xq, xs = quantize_rows(x.bfloat16(), torch.float8_e4m3fn, quant.FP8_MAX)
     ref_q, ref_s = quant.quantize_fp8(x.bfloat16())
+    xq, xs = quantize_rows(x.bfloat16(), torch.float8_e4m3fn, quant.FP8_MAX) if device == "cuda" else (ref_q, ref_s)
     same = (xq.float() == ref_q.float()).float().mean().item()
     wq, ws = quant.quantize_fp8(w)
-    got = quant.fp8_matmul(xq, xs, wq, ws.view(-1), None, torch.bfloat16).float()
-    ref = quant.dequantize(xq, xs) @ quant.dequantize(wq, ws).t()
-    err = ((got - ref).abs().max() / ref.abs().max()).item()
-    print(f"[kernel] fp8: quantizer equal to torch's cast on {100 * same:.2f}% of values, _scaled_mm max error "
-          f"{err:.1e} of the largest output", flush=True)
-    return [{"setting": {"M": 33, "N": 256, "K": 512, "fp8": True},
-             "metrics": {"quantizer_equal_frac": same, "max_err_frac": err}, "ok": same > 0.999 and err < 1e-2}]
+    gemms = {"triton": lambda M: w8a8_gemm(xq[:M], xs[:M], wq, ws.view(-1), None, torch.bfloat16)}
+    if device == "cuda":
+        gemms["_scaled_mm"] = lambda M: quant.fp8_matmul(xq[:M], xs[:M], wq, ws.view(-1), None, torch.bfloat16)
+    results = []
+    for gemm, fn in gemms.items():
+        for M in ((1, 3, 16, 33) if gemm == "triton" else (33,)):
+            ref = quant.dequantize(xq[:M], xs[:M]) @ quant.dequantize(wq, ws).t()
+            err = ((fn(M).float() - ref).abs().max() / ref.abs().max()).item()     # bf16 output: 2^-8
+            results.append({"setting": {"M": M, "N": 256, "K": 512, "fp8": True, "gemm": gemm},
+                            "metrics": {"quantizer_equal_frac": same, "max_err_frac": err},
+                            "ok": same > 0.999 and err < 1e-2})
+    print(f"[kernel] fp8: quantizer equal to torch's cast on {100 * same:.2f}% of values, GEMMs' max error "
+          f"{max(r['metrics']['max_err_frac'] for r in results):.1e} of the largest output", flush=True)
+    return results
 
 
 def producer_variants(shape: str, M: int, K: int, device: str) -> dict:
@@ -159,22 +170,26 @@ def variants(M: int, N: int, K: int, device: str, fp8_ok: bool) -> dict:
     calls = {"bf16": (lambda: F.linear(x, w), 2 * N * K), "bf16#2": (lambda: F.linear(x, w), 2 * N * K),
              "w8a8 linear": (lambda: lin(x), N * K),
              "quantize int8": (lambda: quantize_rows(x, torch.int8, quant.INT8_MAX), 3 * M * K),
-             "int8 triton": (lambda: int8_gemm(xq, xs, wq, ws, None, torch.bfloat16), N * K)}
+             "int8 triton": (lambda: w8a8_gemm(xq, xs, wq, ws, None, torch.bfloat16), N * K)}
     if M > 16:                                                   # cuBLASLt's int8 GEMM needs M > 16
         calls["int8 _int_mm"] = (lambda: quant.epilogue(torch._int_mm(xq, wq.t()), xs, ws, None, torch.bfloat16), N * K)
     if M in (32, 256, 4096):                                     # what torch's epilogue costs
         calls["int8 _int_mm no epilogue"] = (lambda: torch._int_mm(xq, wq.t()), N * K)
     if M == 1:
         for tile in TILES:
-            calls[f"triton BN={tile['BLOCK_N']} BK={tile['BLOCK_K']} st={tile['num_stages']}"] = (
-                lambda tile=tile: int8_gemm(xq, xs, wq, ws, None, torch.bfloat16, tile), N * K)
+            calls[f"triton BN={tile['BLOCK_N']} BK={tile['BLOCK_K']} st={tile['num_stages']} w={tile['num_warps']}"] = (
+                lambda tile=tile: w8a8_gemm(xq, xs, wq, ws, None, torch.bfloat16, tile), N * K)
     if fp8_ok:
         lin8 = quant.QuantLinear(w.float(), None, fp8=True)
         x8, s8 = quantize_rows(x, torch.float8_e4m3fn, quant.FP8_MAX)
         calls["fp8 linear"] = (lambda: lin8(x), N * K)
         calls["quantize fp8"] = (lambda: quantize_rows(x, torch.float8_e4m3fn, quant.FP8_MAX), 3 * M * K)
-        calls["fp8 _scaled_mm"] = (lambda: quant.fp8_matmul(x8, s8, lin8.weight, lin8.weight_scale, None,
-                                                            torch.bfloat16), N * K)
+        calls["fp8 _scaled_mm"] = (lambda: torch._scaled_mm(x8, lin8.weight.t(), scale_a=s8,
+                                                             scale_b=lin8.weight_scale.view(1, -1),
+                                                             out_dtype=torch.bfloat16), N * K)
+        if M <= 64:                                              # where the rule's crossover lies
+            calls["fp8 triton"] = (lambda: w8a8_gemm(x8, s8, lin8.weight, lin8.weight_scale, None,
+                                                     torch.bfloat16), N * K)
     return calls
 
 
@@ -224,7 +239,8 @@ def record(name: str, preset: str, shape: str, M: int, N: int, K: int, samples: 
 
 def layer_table(records: list[dict], presets: list[str]) -> None:
     """A layer's four Linears summed, per preset and M: bf16 us, and each path's speed-up over it."""
-    cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "quantize int8", "fusion saves"]
+    cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "fp8 triton", "fp8 _scaled_mm",
+            "quantize int8", "fusion saves"]
     by = {}
     for r in records:
         if r["workload"] == "gemm":

@@ -239,9 +239,10 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def add_roofline(summary: dict, llm, context_tokens: int, bandwidth: float) -> None:
-    """The step's floor: weights + the KV of all B contexts read once at the copy bandwidth,
-    and the gap between it and the unprofiled step."""
-    floor_ms = 1e3 * roofline.decode_floor_s(llm.model_config, llm.dtype, context_tokens, bandwidth)
+    """The step's floor: weights (the Linears in 8 bits where quantized) + the KV of all B contexts
+    read once at the copy bandwidth, and the gap between it and the unprofiled step."""
+    floor_ms = 1e3 * roofline.decode_floor_s(llm.model_config, llm.dtype, context_tokens, bandwidth,
+                                             linear_elem=1 if llm.config.quantization else None)
     summary |= {"context_tokens": context_tokens, "bytes_per_step": floor_ms * 1e-3 * bandwidth,
                 "ideal_ms_per_step": floor_ms, "gap_ms_per_step": summary["wall_ms_per_step"] - floor_ms,
                 "roofline_frac": floor_ms / summary["wall_ms_per_step"]}

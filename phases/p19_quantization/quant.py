@@ -11,10 +11,14 @@ column. A weight read is half of bf16's bytes: at decode, where a step reads eve
 does little else, that is the speed. The quantizer that makes xq is a kernel of its own on a GPU
 (triton_int8.py), paid on every call: what INT8 must earn back at every M.
 
-The GEMM by rows (M: a step's tokens, or a graph bucket's padded batch, a shape never a value):
-on a GPU the Triton kernel at M <= TRITON_MAX_M (torch._int_mm needs M > 16, and at decode only
-a kernel that streams the weight pays) and torch._int_mm (cuBLASLt) above it; on a CPU
-torch._int_mm at every M. fp8: torch._scaled_mm (Hopper's e4m3 tensor cores, SM 8.9+).
+Which GEMM, by rows (M: a step's tokens, or a graph bucket's padded batch, a shape never a value),
+as the gemm bench measured them on an H100:
+  int8  the Triton kernel at every M on a GPU: torch._int_mm (cuBLASLt) needs M > 16, and above
+        that its int32 output and torch's epilogue over it made it 0.4-0.6x of bf16 where the
+        Triton kernel, scales applied in registers, ran 0.8-1.5x. On a CPU torch._int_mm.
+  fp8   the same Triton kernel on e4m3 at M <= TRITON_MAX_M, where only a kernel that streams the
+        weight pays (torch._scaled_mm ran 0.8-1.1x of bf16 there), torch._scaled_mm (Hopper's e4m3
+        tensor cores, SM 8.9+, scales in its epilogue) above it and on a CPU.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from .layers import MLP, RMSNorm
 MODES = ("w8a8", "w8a8-nosmooth", "fp8")   # the quantization= choices (None: the float model)
 INT8_MAX = 127.0
 FP8_MAX = 448.0                            # e4m3's largest finite value
-TRITON_MAX_M = 16                          # the GPU's rule: Triton at or below, _int_mm above
+TRITON_MAX_M = 16                          # fp8 on a GPU: Triton at or below, _scaled_mm above
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,10 +81,10 @@ def quantize_tokens(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Ten
 
 def int8_matmul(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor,
                 bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """xq (M, K) int8, sx (M, 1), wq (N, K) int8, sw (N,) -> (M, N) out_dtype, chosen by M."""
-    if xq.is_cuda and xq.shape[0] <= TRITON_MAX_M:
-        from .triton_int8 import int8_gemm
-        return int8_gemm(xq, sx, wq, sw, bias, out_dtype)
+    """xq (M, K) int8, sx (M, 1), wq (N, K) int8, sw (N,) -> (M, N) out_dtype."""
+    if xq.is_cuda:
+        from .triton_int8 import w8a8_gemm                  # triton: imported where it runs
+        return w8a8_gemm(xq, sx, wq, sw, bias, out_dtype)
     acc = torch._int_mm(xq, wq.t())                         # (M, N) int32: w^T a column-major view
     return epilogue(acc, sx, sw, bias, out_dtype)
 
@@ -95,7 +99,10 @@ def epilogue(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.
 
 def fp8_matmul(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor,
                bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """xq (M, K) e4m3, sx (M, 1), wq (N, K) e4m3, sw (N,) -> (M, N): row-wise scaled, in one call."""
+    """xq (M, K) e4m3, sx (M, 1), wq (N, K) e4m3, sw (N,) -> (M, N) out_dtype, chosen by M."""
+    if xq.is_cuda and xq.shape[0] <= TRITON_MAX_M:
+        from .triton_int8 import w8a8_gemm
+        return w8a8_gemm(xq, sx, wq, sw, bias, out_dtype)
     out = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.view(1, -1), out_dtype=out_dtype)
     return out if bias is None else out + bias.to(out_dtype)
 

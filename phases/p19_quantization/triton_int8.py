@@ -1,5 +1,6 @@
-"""The two Triton kernels of an int8 linear on a GPU: the per-token quantizer that feeds it, and the
-int8 x int8 -> int32 GEMM whose epilogue applies both scales and writes bf16.
+"""The two Triton kernels of an 8-bit linear on a GPU: the per-token quantizer that feeds it, and the
+8-bit GEMM (int8 x int8 -> int32, or e4m3 x e4m3 -> fp32) whose epilogue applies both scales and
+writes bf16.
 
   quantize_rows, one program per row of x (M, K), bf16 in:
     scale[m] = max_k |x[m, k]| / 127                (fp32; a zero row gets a tiny scale, not 0/0)
@@ -9,8 +10,9 @@ int8 x int8 -> int32 GEMM whose epilogue applies both scales and writes bf16.
   the row they just computed (fused_elementwise: one kernel fewer each, no bf16 row written and
   read back); only o's input, attention's output, goes through the quantizer on its own.
 
-  int8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N):
-    acc = sum_k q[m, k] * w[n, k]                   int32, exact (|acc| < 127^2 K < 2^31 for K < 133k)
+  w8a8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N):
+    acc = sum_k q[m, k] * w[n, k]                   int8: int32, exact (|acc| < 127^2 K < 2^31 for
+                                                    K < 133k); e4m3: fp32, as the tensor cores sum it
     out = acc * x_scale[m] * w_scale[n] (+ bias)    in fp32, rounded once to out's dtype
 
 The weight stays in the Linear's (N, K) layout, row n contiguous along K: each tile reads BLOCK_N
@@ -75,7 +77,7 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype, qmax: float) -> tuple[tor
 
 
 @triton.jit
-def _int8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K,
+def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K,
                       stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m, pid_n = tl.program_id(1), tl.program_id(0)     # n fastest: neighbours share a's rows
@@ -84,12 +86,13 @@ def _int8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_a + ks[None, :]          # (BLOCK_M, BLOCK_K)
     w_ptrs = w_ptr + cols[None, :] * stride_w + ks[:, None]          # (BLOCK_K, BLOCK_N): w^T's tile
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    acc_type = tl.int32 if a_ptr.dtype.element_ty == tl.int8 else tl.float32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
     for k in range(0, K, BLOCK_K):
         k_ok = (k + ks) < K
-        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0)
-        w = tl.load(w_ptrs, mask=(cols[None, :] < N) & k_ok[:, None], other=0)
-        acc += tl.dot(a, w, out_dtype=tl.int32)
+        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=(cols[None, :] < N) & k_ok[:, None], other=0.0)
+        acc += tl.dot(a, w, out_dtype=acc_type)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     # the epilogue: both scales (and a bias) in fp32 registers, one rounding to the output dtype
@@ -103,11 +106,14 @@ def _int8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
 
 
 def gemm_config(M: int, N: int, K: int) -> dict:
-    """Tile and launch shape by the (padded) row count: a rule of shapes, never of data."""
-    if M <= 16:       # matrix-vector: short N tiles for at least ~2 programs an SM (132 on an H100),
-        narrow = N < 8192                     # long K tiles for few loop trips and many bytes in flight
-        return dict(BLOCK_M=16, BLOCK_N=16 if narrow else 32, BLOCK_K=512 if narrow else 256, num_warps=4,
-                    num_stages=4)
+    """Tile and launch shape by the (padded) row count: a rule of shapes, never of data. At M <= 16
+    it follows the gemm bench's tile sweep on an H100 (llama-1b's and llama-8b's Linears, the
+    "triton BN=.." records): BLOCK_K = 512 (few loop trips, many bytes in flight) with BLOCK_N = 32,
+    or 16 where K is long against N (down, K = 3.5-4 N: twice the programs share its long rows)."""
+    if M <= 16:
+        long_k = K >= 3 * N
+        return dict(BLOCK_M=16, BLOCK_N=16 if long_k else 32, BLOCK_K=512, num_warps=4,
+                    num_stages=4 if long_k else 3)
     if M <= 64:
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
     if M <= 256:
@@ -115,15 +121,16 @@ def gemm_config(M: int, N: int, K: int) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
 
 
-def int8_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+def w8a8_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype, config: dict | None = None) -> torch.Tensor:
-    """a (M, K) int8, a_scale (M, 1) fp32, w (N, K) int8, w_scale (N,) fp32 -> (M, N) out_dtype."""
+    """a (M, K) int8 or e4m3, a_scale (M, 1) fp32, w (N, K) of a's dtype, w_scale (N,) fp32
+    -> (M, N) out_dtype."""
     M, K = a.shape
     N = w.shape[0]
-    assert a.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
+    assert a.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K and w.dtype == a.dtype
     cfg = dict(config or gemm_config(M, N, K))
     out = torch.empty(M, N, dtype=out_dtype, device=a.device)
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
-    _int8_gemm_kernel[grid](a, w, a_scale, w_scale, w_scale if bias is None else bias, out, M, N, K,
+    _w8a8_gemm_kernel[grid](a, w, a_scale, w_scale, w_scale if bias is None else bias, out, M, N, K,
                             a.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None, **cfg)
     return out

@@ -77,6 +77,10 @@ def test_decode_floor_is_bytes_over_bandwidth():
     floor = roofline.decode_floor_s(cfg, torch.bfloat16, context_tokens=1000, bandwidth=bw)
     expected = (cfg.num_params() * 2 + 1000 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2) / bw
     assert floor == pytest.approx(expected)
+    linears = cfg.num_layers * (cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+                                + 3 * cfg.hidden_size * cfg.intermediate_size)
+    int8 = roofline.decode_floor_s(cfg, torch.bfloat16, context_tokens=1000, bandwidth=bw, linear_elem=1)
+    assert int8 == pytest.approx(expected - linears / bw)          # the Linears' weights: 1 byte, not 2
 
 
 def test_unknown_engine_is_a_clear_error_before_measuring(tmp_path, capsys):
