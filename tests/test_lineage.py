@@ -41,7 +41,7 @@ DIFF_CAP_EXCEPTIONS: dict[str, int] = {
                       # and the combine sliced over dims (a 512-wide latent head at 256 splits)
     "p18_pd_disaggregation": 870,   # a second engine in its own process: the pair's start and mailboxes, the KV
                                     # connector (send/recv and CUDA IPC), aborts and a failed prefill instance on both sides
-    "p19_quantization": 1110,   # the engine's part is ~510 (the 8-bit Linear, its kernels and the fused quantizers,
+    "p19_quantization": 1140,   # the engine's part is ~520 (the 8-bit Linear, its kernels and the fused quantizers,
                                 # smoothing, loading); the rest is tooling that replaces p18's bench set and p17's
                                 # latent kernel bench (their deleted lines count too) with the GEMM sweep and accuracy
 }

@@ -12,13 +12,14 @@ does little else, that is the speed. The quantizer that makes xq is a kernel of 
 (triton_int8.py), paid on every call: what INT8 must earn back at every M.
 
 Which GEMM, by rows (M: a step's tokens, or a graph bucket's padded batch, a shape never a value),
-as the gemm bench measured them on an H100:
-  int8  the Triton kernel at every M on a GPU: torch._int_mm (cuBLASLt) needs M > 16, and above
-        that its int32 output and torch's epilogue over it made it 0.4-0.6x of bf16 where the
-        Triton kernel, scales applied in registers, ran 0.8-1.5x. On a CPU torch._int_mm.
-  fp8   the same Triton kernel on e4m3 at M <= TRITON_MAX_M, where only a kernel that streams the
-        weight pays (torch._scaled_mm ran 0.8-1.1x of bf16 there), torch._scaled_mm (Hopper's e4m3
-        tensor cores, SM 8.9+, scales in its epilogue) above it and on a CPU.
+from the gemm bench on an H100 (a layer's four Linears summed, llama-1b and llama-8b, against bf16):
+  int8  the Triton kernel at every M on a GPU. torch._int_mm (cuBLASLt) refuses M <= 16, and above
+        that its int32 output and torch's epilogue passes over it ran 0.36-1.14x of bf16 at
+        M = 32 ... 4096, where the Triton kernel (scales applied in registers) ran 0.81-1.50x.
+        On a CPU torch._int_mm.
+  fp8   the same Triton kernel on e4m3 at M <= TRITON_MAX_M: torch._scaled_mm ran 0.89-1.24x of
+        bf16 there, Triton on int8 1.75-1.79x (at decode only a kernel that streams the weight
+        pays); torch._scaled_mm above it (0.95-1.79x: Hopper's e4m3 tensor cores) and on a CPU.
 """
 from __future__ import annotations
 
