@@ -78,7 +78,7 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype, qmax: float) -> tuple[tor
 
 @triton.jit
 def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K,
-                      stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr,
+                      stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m, pid_n = tl.program_id(1), tl.program_id(0)     # n fastest: neighbours share a's rows
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)         # (BLOCK_M,)
@@ -86,13 +86,12 @@ def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_a + ks[None, :]          # (BLOCK_M, BLOCK_K)
     w_ptrs = w_ptr + cols[None, :] * stride_w + ks[:, None]          # (BLOCK_K, BLOCK_N): w^T's tile
-    acc_type = tl.int32 if a_ptr.dtype.element_ty == tl.int8 else tl.float32
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)           # int32 for int8, fp32 for e4m3
     for k in range(0, K, BLOCK_K):
         k_ok = (k + ks) < K
         a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=(cols[None, :] < N) & k_ok[:, None], other=0.0)
-        acc += tl.dot(a, w, out_dtype=acc_type)
+        acc += tl.dot(a, w, out_dtype=ACC)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     # the epilogue: both scales (and a bias) in fp32 registers, one rounding to the output dtype
@@ -132,5 +131,6 @@ def w8a8_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: 
     out = torch.empty(M, N, dtype=out_dtype, device=a.device)
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
     _w8a8_gemm_kernel[grid](a, w, a_scale, w_scale, w_scale if bias is None else bias, out, M, N, K,
-                            a.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None, **cfg)
+                            a.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+                            ACC=tl.int32 if a.dtype == torch.int8 else tl.float32, **cfg)
     return out
