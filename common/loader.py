@@ -4,9 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+# At import, not on first use: an engine's worker processes fork from a server that imported the
+# engine (multiprocessing's forkserver preload), so the config classes come in once there instead
+# of ~2 s of transformers imports in every worker and engine process.
+from transformers import AutoConfig, LlamaConfig, Qwen2Config  # noqa: F401
 
 from . import smollm2
 from .model_config import ModelConfig
@@ -18,32 +21,17 @@ from .weights import (RandomCheckpoint, SafetensorsCheckpoint, first_line, load_
 
 @dataclass
 class ModelSource:
-    """Where a model comes from, before any weights are read. A random preset's config is its own
-    fields (common/presets.py, every one spelled out): an engine of it never imports transformers,
-    whose config classes cost a process ~2 s of imports (each tensor-parallel rank, each prefill
-    instance, each worker). transformers' object is built only where it is asked for (hf_config:
-    an HF reference model, a config.json written out); tests/common/test_presets.py holds both
-    paths to the same ModelConfig."""
+    """Where a model comes from, before any weights are read."""
     name: str
     kind: str                     # "gguf", "random" or "dir"
+    hf_config: object             # transformers PretrainedConfig
     hf_dir: Path | None           # HF directory with real weights (None for random presets)
     seed: int = 0
-    hf: object | None = None      # transformers' config, read at resolve (a directory)
-    fields: dict | None = None    # a random preset's HF config fields
-
-    @cached_property
-    def hf_config(self):
-        """transformers PretrainedConfig."""
-        if self.hf is not None:
-            return self.hf
-        from transformers import AutoConfig
-        fields = dict(self.fields)
-        return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
     @cached_property
     def config(self) -> ModelConfig:
         try:
-            return ModelConfig.from_hf(self.hf if self.hf is not None else SimpleNamespace(**self.fields))
+            return ModelConfig.from_hf(self.hf_config)
         except (AttributeError, TypeError, ValueError) as e:   # a field missing, mistyped, unsupported
             where = self.hf_dir / "config.json" if self.hf_dir else self.name
             raise ValueError(f"{where}: not a usable model config ({first_line(e)})") from None
@@ -55,7 +43,7 @@ class ModelSource:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        eos = getattr(self.hf, "eos_token_id", None) if self.hf is not None else self.fields.get("eos_token_id")
+        eos = getattr(self.hf_config, "eos_token_id", None)
         return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
     def load_weights(self, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -78,11 +66,13 @@ def resolve(name_or_path: str, seed: int = 0) -> ModelSource:
         preset = PRESETS[name_or_path]
         if preset.kind == "gguf":
             folder = smollm2.converted_dir()
-            return ModelSource(SMOLLM2, "gguf", folder, hf=read_hf_config(folder))
-        return ModelSource(preset.name, "random", None, seed, fields=dict(preset.hf_config))
+            return ModelSource(SMOLLM2, "gguf", AutoConfig.from_pretrained(str(folder)), folder)
+        cfg = dict(preset.hf_config)
+        hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        return ModelSource(preset.name, "random", hf_config, None, seed)
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").exists():
-        return ModelSource(str(path), "dir", path, hf=read_hf_config(path))
+        return ModelSource(str(path), "dir", read_hf_config(path), path)
     raise ValueError(f"unknown model {name_or_path!r}: not a preset and not a local HF directory "
                      f"with config.json.\nPresets:\n{describe_presets()}")
 
@@ -90,7 +80,6 @@ def resolve(name_or_path: str, seed: int = 0) -> ModelSource:
 def read_hf_config(folder: Path):
     """config.json of a local HF directory; garbage (bad JSON, an unknown model_type) is one
     clear error naming the file instead of a transformers traceback."""
-    from transformers import AutoConfig
     try:
         return AutoConfig.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError, TypeError) as e:   # JSONDecodeError is a ValueError

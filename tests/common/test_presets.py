@@ -29,28 +29,6 @@ def test_preset_num_params(name):
     assert total == sum(p.numel() for p in _hf_meta_model(source.hf_config).parameters())
 
 
-@pytest.mark.parametrize("name", [n for n, p in PRESETS.items() if p.kind == "random"])
-def test_a_presets_own_fields_give_transformers_config(name):
-    """A random preset's engine reads its config from the preset's fields, without transformers
-    (common/loader.py): the same ModelConfig and EOS ids as transformers' config object gives,
-    defaults included."""
-    source = resolve(name)
-    assert source.config == ModelConfig.from_hf(source.hf_config)
-    eos = source.hf_config.eos_token_id
-    assert source.eos_token_ids == ([eos] if isinstance(eos, int) else list(eos))
-
-
-def test_an_engine_of_a_random_preset_never_imports_transformers():
-    """What a tensor-parallel rank or a prefill instance of tiny-llama pays at start: no ~2 s of
-    transformers' config classes."""
-    import subprocess
-    import sys
-    code = ("import sys; from common.loader import resolve; s = resolve('tiny-llama'); s.config; "
-            "s.load_weights('cpu', __import__('torch').float32); print('transformers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
-
-
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_param_shapes_match_transformers(name):
     """Our names map to transformers' parameter names with the same shapes (tied head aside)."""
