@@ -27,7 +27,7 @@ ENGINE = PHASE[:3]                                          # "p17"
 PREVIOUS = f"p{int(ENGINE[1:]) - 1:02d}"                    # "p16"
 NAIVE = "mla_decode=naive"
 MLA_ENGINES = ",".join([f"{ENGINE} {NAIVE}", f"{ENGINE}#2 {NAIVE}", ENGINE])
-CONTEXTS = (4096, 32768)
+CONTEXTS = (32768, 4096)                                    # the headline's first: a part cut short keeps it
 POOL_BYTES = 40 << 30                                       # the pool "kv-bytes" sizes batches against
 
 
