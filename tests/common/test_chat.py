@@ -196,8 +196,10 @@ def test_piped_command_line_answers_and_exits_0_at_eof():
 # --- decoding: `make run` samples with the model card's settings, one seed per reply ----------------
 
 def make_run_argv(*make_args: str) -> list[str]:
-    """The phase's arguments in the command `make run` would run (make -n prints it)."""
-    printed = subprocess.run(["make", "-n", "--no-print-directory", "run", *make_args], cwd=ROOT,
+    """The phase's arguments in the command `make run` would run (make -n prints it). Without the
+    calling make's ARGS: `make test ARGS=...` exports it, and `make run` would take it as its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
+    printed = subprocess.run(["make", "-n", "--no-print-directory", "run", *make_args], cwd=ROOT, env=env,
                              capture_output=True, text=True, check=True).stdout
     line = next(line for line in printed.splitlines() if " -m phases." in line and "--chat" in line)
     argv = shlex.split(line)
