@@ -93,7 +93,9 @@ def test_parts_compare_the_previous_kernel_built_twice_on_long_contexts():
             engines = run[run.index("--engines") + 1].split(",")
             assert engines == ["p14 attention_backend=triton", "p14#2 attention_backend=triton",
                                "p15 attention_backend=triton"], name
-    assert [run[run.index("--prompt-len") + 1] for run in triton_free.GPU_PARTS["long-8b"]] == ["4096", "16384", "32768"]
+    long_8b = triton_free.GPU_PARTS["long-8b"]
+    assert [run[run.index("--prompt-len") + 1] for run in long_8b] == ["32768", "16384", "4096"]   # headline first
+    assert all(run[run.index("--engine-options") + 1].startswith("kv_cache_bytes=") for run in long_8b)
 
 
 # --- on a GPU -------------------------------------------------------------------------------------
