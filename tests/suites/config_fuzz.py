@@ -71,7 +71,9 @@ SOAK_SEED = 100_000                        # the soak's first seed, past make te
 # Seeds that caught a bug stay in make test beside those, from the phase whose bug they caught on:
 # an earlier phase lacks the switch the bug needs (graph lanes, drafts, chunks), and there the seed
 # draws some other case. A seed stands for its draws: if the generator below changes, these seeds
-# draw other cases, so find them again then.
+# draw other cases, so find them again then. In later phases a caught seed is pinned to the case
+# it caught: the later phases' own draws (MLA's naive decode, which drops the graph stand-in; two
+# ranks; a prefill process; 8-bit Linears) are left out, and their own seeds cover those switches.
 CAUGHT_CASES = {19: "p14", 146: "p14", 240: "p14",   # a one-token prompt chunk run as a graph lane (as a decode)
                 532: "p14", 551: "p14",              # drafts attached past the step's budget (n-gram, draft model)
                 2: "p13"}                            # the draft model's first forward over the budget
@@ -200,6 +202,8 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
     case = Case(seed, draw_options(rng, phase))
     if phase.graphs and rng.random() < 0.5:
         case.graph_batch = rng.randint(1, case.options["max_num_seqs"])
+    if seed in CAUGHT_CASES:                  # pinned to the case it caught (see CAUGHT_CASES)
+        return with_workloads(case, rng, phase, num_workloads)
     # Ranks from a stream of their own: the draws above and below are the phases' before it.
     # Not with the graph stand-in, which pads rank 0's forward alone (a GPU captures on every rank).
     if "mla_decode" in phase.fields:          # (a stream of its own too); the naive decode is not
@@ -215,6 +219,11 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
         quant = random.Random(f"{seed}/quant")      # ranks: each quantizes its own slices, which one rank does not
         if quant.random() < 0.2:
             case.options["quantization"] = quant.choice(["w8a8", "w8a8-nosmooth", "fp8"])
+    return with_workloads(case, rng, phase, num_workloads)
+
+
+def with_workloads(case: Case, rng: random.Random, phase: Phase, num_workloads: int) -> Case:
+    """The pool's slack and the workloads, drawn last from the case's main stream."""
     case.pool_slack = rng.choice([None, None, 0, 1, 2, rng.randint(3, 12)])
     longest = MAX_MODEL_LEN if phase.chunks else case.options["max_num_batched_tokens"]
     case.workloads = [draw_workload(rng, longest, case.options["block_size"]) for _ in range(num_workloads)]
