@@ -3,6 +3,7 @@ take 4-D inputs only; 3-D ones silently fall back to the math kernel, which writ
 (heads, T, T) scores and, with enable_gqa, copies K/V per query head. The kernel list is narrowed to
 FlashAttention (which PyTorch also has on CPU): a 3-D call would find no kernel and raise."""
 import importlib
+import importlib.resources
 
 import pytest
 import torch
@@ -43,3 +44,33 @@ def test_p01_attention_runs_a_fused_kernel(T, causal):
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         out = Attention._attend(None, q, k, v, causal)
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
+CHUNKED = [f"p{n:02d}" for n in range(11, 20)]      # phases whose prefill attends a chunk after cached keys
+
+
+@pytest.mark.parametrize("tag", CHUNKED)
+def test_a_masked_chunk_never_asks_for_gqa_with_a_mask(tag, monkeypatch):
+    """A chunk after cached keys needs a mask; on a GPU no fused kernel takes a mask and GQA
+    together, and the math kernel writes out (heads, n, context) scores. So the masked call gets
+    K/V repeated per query head and enable_gqa off; its output is causal attention aligned to the end."""
+    phase = next(p.name for p in (importlib.resources.files("phases")).iterdir() if p.name.startswith(tag + "_"))
+    module = importlib.import_module(f"phases.{phase}.attention_backends")
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def watched(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        calls.append((attn_mask is not None, enable_gqa, q.shape[1], k.shape[1]))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa)
+    monkeypatch.setattr(module.F, "scaled_dot_product_attention", watched)
+    torch.manual_seed(0)
+    n, context, H, KV, D = 5, 19, 8, 2, 16
+    q, k, v = torch.randn(n, H, D, dtype=torch.float64), *torch.randn(2, context, KV, D, dtype=torch.float64)
+    out = module._causal(q, k, v)
+    assert calls == [(True, False, H, H)]                     # masked, K/V per query head, no GQA flag
+    kh, vh = (x.repeat_interleave(H // KV, dim=1) for x in (k, v))
+    scores = torch.einsum("nhd,chd->hnc", q, kh) / D ** 0.5
+    seen = torch.ones(n, context, dtype=torch.bool).tril(context - n)
+    expected = torch.einsum("hnc,chd->nhd", scores.masked_fill(~seen, float("-inf")).softmax(-1), vh)
+    torch.testing.assert_close(out, expected)
+    module._causal(q, k[:n], v[:n])                           # no cached keys: SDPA's causal mask, GQA
+    assert calls[-1] == (False, True, H, KV)

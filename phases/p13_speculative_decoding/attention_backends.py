@@ -81,11 +81,18 @@ def _causal(q, k, v) -> torch.Tensor:
     # key; otherwise a boolean (n, context) mask, True where a key may be seen.
     mask = None if n == 1 or n == context else \
         torch.ones(n, context, dtype=torch.bool, device=q.device).tril(context - n)
+    # On a GPU no fused kernel takes a mask and GQA together (FlashAttention: no mask; the
+    # memory-efficient one: no GQA), and the math kernel writes out (heads, n, context) scores:
+    # 4 GiB for a 2048-token chunk over 32k keys on llama-8b. A masked call gets K/V repeated per
+    # query head instead (context x H x D: what enable_gqa would have indexed).
+    gqa = mask is None
+    if not gqa:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     # (n, heads, D) -> (1, heads, n, D) for SDPA and back (its fused kernels take 4-D inputs only;
     # 3-D ones fall back to the math kernel); enable_gqa reads kv head h // (H / KV).
     with sdpa_kernel(SDPA_KERNELS):
         out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=mask,
-                                             is_causal=n == context and n > 1, enable_gqa=True)
+                                             is_causal=n == context and n > 1, enable_gqa=gqa)
     return out[0].transpose(0, 1)
 
 
