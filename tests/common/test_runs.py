@@ -81,3 +81,11 @@ def test_part_from_the_make_command_when_the_record_has_none(tmp_path):
 def test_committed_runs_pages_are_current():
     """results/*/RUNS.md is what `python -m common.runs` writes from the committed records."""
     assert runs.main(["--root", str(ROOT), "--check"]) == 0, "run `python -m common.runs` and commit RUNS.md"
+
+
+def test_runs_from_p11_on_say_whether_they_have_the_masked_chunk_fix():
+    """The masked-chunk prefill fix (runs.CHUNK_FIX) changed how p11 on prefill a chunk after cached
+    keys: a run's commit before it is marked "no", from it on "yes"; phases before p11 say nothing."""
+    assert runs.chunk_fix_note("9f6666d", "p10_review", runs.ROOT) == ""
+    assert runs.chunk_fix_note("9f6666d", "p15_flash_decoding", runs.ROOT).endswith("(masked-chunk prefill): no")
+    assert runs.chunk_fix_note(runs.CHUNK_FIX, "p19_quantization", runs.ROOT).endswith("(masked-chunk prefill): yes")
