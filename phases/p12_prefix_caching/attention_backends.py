@@ -86,7 +86,7 @@ def _causal(q, k, v) -> torch.Tensor:
     # 4 GiB for a 2048-token chunk over 32k keys on llama-8b. A masked call gets K/V repeated per
     # query head instead (context x H x D: what enable_gqa would have indexed).
     gqa = mask is None
-    if not gqa:
+    if not gqa and k.shape[1] != q.shape[1]:
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     # (n, heads, D) -> (1, heads, n, D) for SDPA and back (its fused kernels take 4-D inputs only;
     # 3-D ones fall back to the math kernel); enable_gqa reads kv head h // (H / KV).
