@@ -121,7 +121,7 @@ class PrefillSide:
     def __init__(self, llm):
         self.llm = llm
         if llm.device.startswith("cuda"):
-            torch.cuda.set_device(llm.device)
+            torch.cuda.set_device(torch.device(llm.device).index or 0)   # "cuda" names no index
         decode = os.environ["DECODE_DEVICE"]
         address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         store = join(PREFILL_RANK, address, backend_for(decode, llm.device), llm.config.distributed_timeout_s)
