@@ -444,8 +444,10 @@ HEADLINES = {
                                  "p13 speculative=scripted num_speculative_tokens=4 scripted_acceptance=0.8", "p12", H200),
     # p14: batch 1, where every step was the host's launch time
     "p14_cuda_graphs": ("latency", "llama-1b", {"batch": 1}, "p14", "p13", H200),
-    # p15: the split against the same kernel unsplit (both engines on triton), batch 1 over 32k keys.
-    "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768}, "p15 triton", "p14 triton", H100),
+    # p15: the split against the same kernel unsplit (both engines on triton), batch 1 over 32k keys
+    # (each engine's KV pool fixed at 4.5 GiB: three llama-8b engines share one GPU).
+    "p15_flash_decoding": ("latency", "llama-8b", {"batch": 1, "prompt_len": 32768, "kv_cache_bytes": 9 << 29},
+                           "p15 triton", "p14 triton", H100),
     # p16 on one GPU: TP = 1 through the parallel layer against p15, where a cost would show (batch 1)
     "p16_tensor_parallel": ("latency", "llama-1b", {"batch": 1}, "p16", "p15", H100),
     # p17: decode over the latents against rebuilding K and V each step, batch 1 over 32k keys
