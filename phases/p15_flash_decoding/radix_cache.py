@@ -17,7 +17,8 @@ leaf with ref 0 goes first; evicting it may make its parent such a leaf. Leaves 
 never removed while a node below it still points into the tree (its block would be freed under
 a path that still leads to it).
 
-`enabled=False` keeps the same interface and caches nothing (the ablation: the previous phase).
+`enabled=False` keeps the same interface and caches nothing: a user switch, as vLLM's
+`enable_prefix_caching`, and the baseline that p12's benchmarks measure the cache against.
 """
 from __future__ import annotations
 
