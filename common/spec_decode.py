@@ -243,7 +243,7 @@ def speed(args, run: dict) -> list[dict]:
 
 
 def result_file(args) -> Path:
-    out = Path(args.out or RESULTS / args.phase / f"{args.measure}-{device_tag(device_name(args.device))}.json")
+    out = Path(args.out or RESULTS / args.phase / f"{args.file or args.measure}-{device_tag(device_name(args.device))}.json")
     bench.check_out(out)
     return out
 
@@ -451,6 +451,7 @@ def main(argv=None, part: str | None = None, make_command: str | None = None) ->
 def parse_args(argv):
     p = runner_args.parser(__doc__, "p13_speculative_decoding", "p12,p12#2,p13 speculative=ngram", "<acceptance|speed>")
     p.add_argument("measure", choices=["acceptance", "speed"])
+    p.add_argument("--file", default=None, help="result file stem under results/<phase>/ (default: the measure)")
     p.add_argument("--batches", default="1", help="speed: comma-separated batch sizes")
     p.add_argument("--acceptances", default="0.3,0.6,0.8,0.95", help="speed: the scripted acceptance per token")
     p.add_argument("--ks", default="2,4,8", help="speed: tokens drafted per step")

@@ -45,7 +45,7 @@ GPU_PARTS = {
     "acceptance": spec("acceptance", "acceptance", "smollm2-135m", AA + [ENGINE] + NGRAM),
     "acceptance-draft": spec("acceptance-draft", "acceptance", "smollm2-135m",
                              AA + [ENGINE, f"{ENGINE} speculative=draft num_speculative_tokens=2"],
-                             "--out", f"results/{PHASE}/acceptance-draft-h200.json"),
+                             "--file", "acceptance-draft"),
     "speed-1": speed(1),
     "speed-4": speed(4),
     "speed-16": speed(16),
@@ -58,7 +58,7 @@ CPU_PARTS = {
     "acceptance-draft": spec("acceptance-draft", "acceptance", "smollm2-135m",
                              AA + [f"{ENGINE} speculative=draft num_speculative_tokens=2"], "--scale", "small",
                              "--repeats", "1",
-                             "--out", f"results/{PHASE}/acceptance-draft-cpu.json"),
+                             "--file", "acceptance-draft"),
     "speed": spec("speed", "speed", "tiny-llama", AA + [SCRIPTED], "--batches", "1,16", "--acceptances", "0.6,0.95",
                   "--ks", "2,4", "--scale", "small", "--repeats", "2"),
 }
