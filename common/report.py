@@ -752,12 +752,26 @@ def run_cell(tags: dict, row: tuple) -> str:
     return " / ".join("–" if rec is None else tags[run_key(rec)] for rec in row)
 
 
+def borrowed(records: list[dict], own: list[dict]) -> list[dict]:
+    """A phase with no run of its own on this device whose engine ran as the next phase's baseline
+    ("p13" in p14's runs): those records, filed under that phase and labelled "p13 (in p14's run)",
+    so that the next phase's "vs previous phase" has a row that shows what it was a ratio to."""
+    have = {r["phase"] for r in own if r["workload"] in ("latency", "concurrency", "offline")}
+    folder = {phase_engine(r["phase"]): r["phase"] for r in records}      # "p13" -> "p13_speculative_decoding"
+    standard_runs = {r.get("run_id") for r in own if not from_spec_sweep(r)}   # not a speculation sweep's
+    return [r | {"phase": folder[r["engine"]], "engine": f"{r['engine']} (in {phase_engine(r['phase'])}'s run)"}
+            for r in records if r["workload"] in WORKLOADS and r["engine"] == prev_engine(r["phase"])
+            and folder.get(r["engine"]) not in (None, *have) and r.get("run_id") in standard_runs]
+
+
 def ladder_device(records: list[dict], device: str, link: str = "phases/") -> str | None:
     """The ladder of one device; `link`: the path from the page to phases/ ("../phases/" from results/)."""
-    own = [r for r in select(records, device=device) if is_own(r["engine"], r["phase"])
-           and not is_ablation(r["engine"]) and r["workload"] in WORKLOADS]
+    mine = select(records, device=device)
+    own = [r for r in mine if is_own(r["engine"], r["phase"]) and not is_ablation(r["engine"])
+           and r["workload"] in WORKLOADS]
     if not own:
         return None
+    own += borrowed(mine, own)
     top_c = max((r["setting"].get("concurrency", 0) for r in own if r["workload"] == "concurrency"), default=0)
     header = ["phase", "engine", "model", "decode tok/s", "ms/token", "% of roofline", "vs previous phase",
               "vs hf-static", f"output tok/s at c={top_c}", f"vs previous phase at c={top_c}", "offline output tok/s",

@@ -551,3 +551,19 @@ def test_graph_facts_give_the_range_over_the_engines_built(tmp_path):
     assert text.startswith("Over the 2 engines built by this phase's current GPU records (llama-1b, llama-8b): "
                            "graph pool 216–284 MiB, warm-up and capture 0.3–6.0 s.")
     assert "latency-cpu.json" not in text
+
+
+def test_ladder_shows_a_phase_measured_only_as_the_next_phase_baseline(tmp_path):
+    """p02 ran only a workload the ladder does not show; p03's run measured p02 beside p03: the
+    ladder gives p02 a row from that run, labelled as such, so p03's ratio has its baseline's row."""
+    root = make_repo(tmp_path)
+    write(root, "p02_next/latency-h200.json", [record("p02_next", "p02", "llama-1b", "shared-prefix", run="run-b",
+                                                      ttft_p50_ms=5.0)])
+    (root / "results/p02_next/offline-h200.json").unlink()
+    write(root, "p03_unwritten/latency-h200.json", [latency("p03_unwritten", "p02", "llama-1b", 200.0, run="run-d"),
+                                                    latency("p03_unwritten", "p03", "llama-1b", 400.0, run="run-d")])
+    assert report.main(["--root", str(root)]) == 0
+    page = rows((root / "results/LADDER.md").read_text())
+    assert page[2].startswith("| [p02_next](../phases/p02_next) | p02 (in p03's run) | llama-1b | 200 | 5.00 |")
+    assert page[3].startswith("| [p03_unwritten](../phases/p03_unwritten) | p03 | llama-1b | 400 | 2.50 | 40.0% "
+                              "| 2.00× (2.00–2.00); no A/A |")
