@@ -143,3 +143,29 @@ def test_a_smoke_only_test_runs_where_its_suite_does_not_run_in_full():
         assert selection.selected(item) is expected, phase
     assert selection.selected(fake_item(full, "correctness", "test_greedy_matches_hf"))
     assert not selection.selected(fake_item(smoke, "correctness", "test_greedy_matches_hf"))
+
+
+def test_the_fuzzers_caught_seeds_follow_their_bugs_files():
+    """make test runs a caught fuzzer seed in its bug's phase and where the bug's files change
+    after it, and one seed of each kind where the fuzzed bookkeeping is the phase before's;
+    make test-all runs every caught seed from its phase on, and FIRST_CASES everywhere."""
+    from tests.suites import config_fuzz as fuzz
+    for name in selection.phases():
+        phase = fuzz.load_phase(name) if (ROOT / "phases" / name / "config.py").is_file() else None
+        if phase is None or not (ROOT / "tests" / name / "test_config_fuzz.py").is_file():
+            continue
+        everywhere = fuzz.caught(fuzz.CAUGHT_CASES, phase)
+        assert everywhere == [s for s, first in fuzz.CAUGHT_CASES.items() if name[:3] >= first]
+        for seed in everywhere:
+            first = fuzz.CAUGHT_CASES[seed] == name[:3]
+            expected = first or fuzz.changed(fuzz.CAUGHT_FILES[seed], phase)
+            assert (seed in fuzz.caught(fuzz.CAUGHT_CASES, phase, everywhere=False)) == expected, (name, seed)
+        assert len(fuzz.first_seeds(fuzz.FIRST_CASES, phase)) == fuzz.FIRST_CASES
+        unchanged = not fuzz.changed(fuzz.FUZZED_FILES, phase)
+        assert len(fuzz.first_seeds(fuzz.FIRST_CASES, phase, everywhere=False)) == \
+            (fuzz.FIRST_UNCHANGED if unchanged else fuzz.FIRST_CASES), name
+    for files in fuzz.CAUGHT_FILES.values():         # a typo would name a file that never changes
+        assert all(any((ROOT / "phases" / p / f).is_file() for p in selection.phases()) for f in files), files
+    p15 = fuzz.load_phase("p15_flash_decoding")       # its changes are the forward's arithmetic alone
+    assert list(fuzz.first_seeds(fuzz.FIRST_CASES, p15, everywhere=False)) == [0]
+    assert fuzz.caught(fuzz.CAUGHT_CASES, p15, everywhere=False) == []

@@ -29,8 +29,9 @@ says it recovered, must pass check(); and the next call must give the tokens of 
 alone and leave the accounting whole.
 
 Every failure names its seed, the configuration it drew and the command that replays it.
-`make test` runs a few seeds per phase, and the seeds that once caught a bug (from that bug's
-phase on); the soak (the
+`make test` runs a few seeds per phase (one of each kind where the bookkeeping it fuzzes is the
+phase before's), and the seeds that once caught a bug in that bug's phase and wherever the bug's
+files change after it; `make test-all` runs every one of those seeds from its phase on; the soak (the
 fuzz_soak marker, which make test and make test-all leave out) runs FUZZ_CASES configurations
 and FUZZ_INTERRUPTS interrupted calls per phase (100 each unless set), from seed FUZZ_SEED on:
 
@@ -79,11 +80,45 @@ CAUGHT_CASES = {19: "p14", 146: "p14", 240: "p14",   # a one-token prompt chunk 
                 2: "p13"}                            # the draft model's first forward over the budget
 CAUGHT_INTERRUPTS = {149: "p11", 157: "p11", 253: "p11"}  # a clean-up that drops the call's requests but
                                                           # trusts the block accounting a Ctrl-C cut in half
+# The files where each caught bug lived (its fix, and the code its case goes through to reach it).
+# make test runs a caught seed in its bug's phase and in each later phase whose copy of these files
+# differs from the phase before's; make test-all in every phase from its bug's on. A seed not named
+# here runs in every phase from its bug's on (the interrupts' bug was engine.py's clean-up, which
+# nearly every phase changes).
+CAUGHT_FILES = {**dict.fromkeys((19, 146, 240), ("cuda_graph.py", "model_runner.py", "scheduler.py")),
+                **dict.fromkeys((532, 551), ("speculator.py", "proposers.py", "scheduler.py")),
+                2: ("draft_proposer.py", "speculator.py")}
+
+# The bookkeeping the fuzzers check (what reorganizes work: batching, paging, chunks, cached
+# prefixes, preemption, drafts, graph lanes). Where none of these differs from the phase before's,
+# make test runs one seed of each kind from 0 (FIRST_UNCHANGED) instead of FIRST_CASES and
+# FIRST_INTERRUPTS: the same bookkeeping ran those seeds a phase earlier. make test-all runs them all.
+FUZZED_FILES = ("engine.py", "scheduler.py", "block_manager.py", "sequence.py", "model_runner.py", "config.py",
+                "radix_cache.py", "speculator.py", "proposers.py", "draft_proposer.py", "cuda_graph.py", "sampler.py",
+                "kv_cache.py")
+FIRST_UNCHANGED = 1
 
 
-def caught(seeds: dict[int, str], phase: "Phase") -> list[int]:
-    """The caught seeds that run in this phase: those caught in it or in a phase before it."""
-    return [seed for seed, first in seeds.items() if phase.name[:3] >= first]
+def previous_phase(phase: "Phase") -> str | None:
+    names = selection.phases()
+    return names[names.index(phase.name) - 1] if phase.name in names[1:] else None
+
+
+def changed(files: tuple[str, ...], phase: "Phase") -> bool:
+    """Whether the phase's copy of these files differs from the phase before's."""
+    return selection.differ(files, phase.name, previous_phase(phase))
+
+
+def caught(seeds: dict[int, str], phase: "Phase", everywhere: bool = True) -> list[int]:
+    """The caught seeds that run in this phase: those caught in it, and those caught in a phase
+    before it (everywhere, as make test-all runs them; else where CAUGHT_FILES changed)."""
+    return [seed for seed, first in seeds.items() if phase.name[:3] >= first and (
+        everywhere or phase.name[:3] == first or seed not in CAUGHT_FILES or changed(CAUGHT_FILES[seed], phase))]
+
+
+def first_seeds(count: int, phase: "Phase", everywhere: bool = True) -> range:
+    """Seeds 0.. of one kind: `count`, or FIRST_UNCHANGED where FUZZED_FILES equal the phase before's."""
+    return range(count if everywhere or changed(FUZZED_FILES, phase) else FIRST_UNCHANGED)
 
 
 # The forward's arithmetic, whose lines the interrupt fuzzer does not count: an interrupt inside
@@ -687,9 +722,11 @@ def soak_seeds(variable: str) -> range:
     return range(first, first + int(os.environ.get(variable) or 100))
 
 
-def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes):
+def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes, pytestconfig):
     """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
-    seeds = sorted({*range(FIRST_CASES), *caught(CAUGHT_CASES, fuzz_phase), *ranked_seeds(fuzz_phase),
+    everywhere = selection.run_all(pytestconfig)
+    seeds = sorted({*first_seeds(FIRST_CASES, fuzz_phase, everywhere), *caught(CAUGHT_CASES, fuzz_phase, everywhere),
+                    *ranked_seeds(fuzz_phase),
                     *pd_seeds(fuzz_phase), *quant_seeds(fuzz_phase)})
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
 
@@ -703,9 +740,7 @@ def ranked_seeds(phase: Phase) -> list[int]:
     still run that phase's engine; each such case starts processes: seconds a case)."""
     if not phase.tensor_parallel:
         return []
-    names = selection.phases()
-    before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
-    count = FIRST_RANKED if selection.differ(RANK_FILES, phase.name, before) else 1
+    count = FIRST_RANKED if changed(RANK_FILES, phase) else 1
     seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("tensor_parallel_size", 1) > 1)
     return [next(seeds) for _ in range(count)]
 
@@ -718,9 +753,7 @@ def pd_seeds(phase: Phase) -> list[int]:
     pair's code differs from the phase before's, one elsewhere (each starts a process)."""
     if not phase.disaggregated:
         return []
-    names = selection.phases()
-    before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
-    count = 2 if selection.differ(PD_FILES, phase.name, before) else 1
+    count = 2 if changed(PD_FILES, phase) else 1
     seeds = (s for s in range(10_000) if draw_case(s, phase, 1).options.get("disaggregation"))
     return [next(seeds) for _ in range(count)]
 
@@ -733,9 +766,7 @@ def quant_seeds(phase: Phase) -> list[int]:
     differs from the phase before's, one int8 elsewhere (each builds a quantized engine alone too)."""
     if not phase.quantized:
         return []
-    names = selection.phases()
-    before = names[names.index(phase.name) - 1] if phase.name in names[1:] else None
-    modes = ["w8a8", "fp8"] if selection.differ(QUANT_FILES, phase.name, before) else ["w8a8"]
+    modes = ["w8a8", "fp8"] if changed(QUANT_FILES, phase) else ["w8a8"]
     drawn = ((s, draw_case(s, phase, 1).options.get("quantization")) for s in range(10_000))
     found: dict[str, int] = {}
     for seed, mode in drawn:
@@ -746,9 +777,11 @@ def quant_seeds(phase: Phase) -> list[int]:
     return sorted(found.values())
 
 
-def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes):
+def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes, pytestconfig):
     """Ctrl-C at a random line of generate() (and of its clean-up): whole, then the next call right."""
-    seeds = sorted({*range(FIRST_INTERRUPTS), *caught(CAUGHT_INTERRUPTS, fuzz_phase)})
+    everywhere = selection.run_all(pytestconfig)
+    seeds = sorted({*first_seeds(FIRST_INTERRUPTS, fuzz_phase, everywhere),
+                    *caught(CAUGHT_INTERRUPTS, fuzz_phase, everywhere)})
     run_seeds(interrupt_case, fuzz_phase, seeds, alone, token_bytes)
 
 
