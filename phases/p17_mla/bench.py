@@ -6,7 +6,8 @@ Each part is one comparison in one process, interleaved and repeated, its baseli
 MLA's idea shows at decode over a long context: the naive decode rebuilds every head's K and V
 from the cached latents each step, the absorbed one reads the latents once for all heads. So the
 parts that show it run DeepSeek-V2-Lite's attention shape ("mla-lite", random weights, dense MLPs)
-at batch 1 ("long") and 64 in flight ("long-64") over prompts of 4k and 32k tokens, absorbed
+at batch 1 ("long", over prompts of 32k and 4k tokens) and 64 in flight ("long-64", over 4k: 64
+sequences of 32k tokens are 65 GB of latents an engine, and the part builds three), absorbed
 against naive; "kernel" times the latent kernel alone against the copy bandwidth; "kv-bytes"
 computes what a token's cache entry costs (no GPU). "latency" checks that llama-1b (grouped-query
 attention: nothing of this phase runs) did not regress against p16; "nano-vllm" runs the peer
@@ -36,9 +37,9 @@ def kernel(argv: list[str], make_command: str) -> None:
     kernel_main(argv, make_command)
 
 
-def long_context(workload: str, *extra: str) -> list[list[str]]:
+def long_context(workload: str, contexts: tuple[int, ...], *extra: str) -> list[list[str]]:
     return [["--workload", workload, "--presets", "mla-lite", "--prompt-len", str(n), *extra,
-             "--file", f"long-{workload}", "--engines", MLA_ENGINES] for n in CONTEXTS]
+             "--file", f"long-{workload}", "--engines", MLA_ENGINES] for n in contexts]
 
 
 def kv_bytes(argv: list[str], make_command: str) -> None:
@@ -64,8 +65,10 @@ def kv_bytes(argv: list[str], make_command: str) -> None:
 
 
 GPU_PARTS = {
-    "long": long_context("latency"),
-    "long-64": long_context("concurrency", "--concurrency", "64"),
+    "long": long_context("latency", CONTEXTS),
+    # 64 x (4k + the outputs) tokens of latents: 8.5 GB; a fixed 10 GiB pool each, three engines
+    "long-64": long_context("concurrency", (4096,), "--concurrency", "64",
+                            "--engine-options", f"kv_cache_bytes={10 << 30}"),
     "kernel": kernel,
     "kv-bytes": kv_bytes,
     "latency": [["--workload", "latency", "--presets", "llama-1b",
