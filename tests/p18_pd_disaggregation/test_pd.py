@@ -170,6 +170,29 @@ def test_p_hung_past_the_timeout_is_named_and_replaced(pair, solo):
     pair.check()
 
 
+def test_a_transfer_that_fails_is_named_and_frees_both_sides(pair, solo, monkeypatch):
+    """The link breaks under a request's K/V (D's landing of it raises): the call fails naming
+    it, D holds no block, P (and its pool) is replaced; the next call gives the colocated tokens."""
+    receive = pair.pd.connector.recv
+
+    def broken(*args):
+        transfer = receive(*args)
+
+        def land():
+            transfer.wait(pair.pd.timeout_s)         # the bytes arrived; then the copy fails
+            raise ConnectionError("a KV transfer broke off")
+        transfer.land = land
+        return transfer
+    monkeypatch.setattr(pair.pd.connector, "recv", broken)
+    pid = pair.pd.proc.pid
+    with pytest.raises(RuntimeError, match="prefill instance a KV transfer broke off"):
+        pair.generate(PROMPTS, GREEDY)
+    assert gone(pid) and not pair.has_unfinished()
+    pair.check()
+    assert ids(pair.generate(PROMPTS, GREEDY)) == ids(solo.generate(PROMPTS, GREEDY))
+    pair.check()
+
+
 def test_bad_disaggregation_options_are_refused():
     with pytest.raises(ValueError, match="disaggregation must be"):
         EngineConfig(model="tiny-llama", device="cpu", disaggregation="dp")
