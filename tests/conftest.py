@@ -38,10 +38,11 @@ def pytest_collection_modifyitems(config, items):
     """Deselect what tests/selection.py says `make test` need not run again: a shared suite runs in
     full only in phases whose copy of its files changed (elsewhere its smoke subset), a
     @pytest.mark.worker_code test only where worker.py / worker_pool.py changed (server_process:
-    serve.py / served.py; sampler_code: sampler.py), and a @pytest.mark.slow test only in make test-all. A
-    @pytest.mark.fuzz_soak test runs only when asked for by name (make fuzz, pytest -m fuzz_soak),
-    never in make test or make test-all. Then skip @pytest.mark.gpu tests on machines without
-    CUDA (every other test runs on CPU)."""
+    serve.py / served.py; sampler_code: sampler.py; speculator_code: speculator.py / proposers.py /
+    sampler.py), and a @pytest.mark.slow test only in make test-all. A @pytest.mark.fuzz_soak test
+    runs only when asked for by name (make fuzz, pytest -m fuzz_soak), never in make test or make
+    test-all. Then skip @pytest.mark.gpu tests on machines without CUDA (every other test runs on
+    CPU)."""
     if not selection.soak_requested(config):
         deselect(config, items, [item.get_closest_marker(selection.SOAK) is None for item in items])
     if not selection.run_all(config):
@@ -81,6 +82,12 @@ def hf_reference(pytestconfig):
     `make test-all` computes them again."""
     recompute = selection.run_all(pytestconfig)
     return lambda preset: reference.hf_reference(preset, recompute)
+
+
+@pytest.fixture(scope="session")
+def hf_prefix(prompts_for, hf_reference):
+    """hf_prefix(preset, n): prompts_for(preset) and HF's first n greedy ids for each of them."""
+    return lambda preset, n: (prompts_for(preset), [ref[:n] for ref in hf_reference(preset)])
 
 
 @pytest.fixture(scope="session")

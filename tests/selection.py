@@ -118,6 +118,8 @@ MARKED: dict[str, tuple[str, ...]] = {
     "worker_code": ("worker.py", "worker_pool.py"),    # processes spawned, killed, left to die
     "server_process": ("serve.py", "served.py"),      # the server process started, interrupted, orphaned
     "sampler_code": ("sampler.py",),                  # rejection sampling's statistics: sampler.verify alone
+    # prompt lookup's drafts kept on the real model (tiny-llama's random text gives none to keep)
+    "speculator_code": ("speculator.py", "proposers.py", "sampler.py"),
 }
 
 SLOW = "slow"                                   # a marker: only in make test-all

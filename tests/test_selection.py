@@ -169,3 +169,32 @@ def test_the_fuzzers_caught_seeds_follow_their_bugs_files():
     p15 = fuzz.load_phase("p15_flash_decoding")       # its changes are the forward's arithmetic alone
     assert list(fuzz.first_seeds(fuzz.FIRST_CASES, p15, everywhere=False)) == [0]
     assert fuzz.caught(fuzz.CAUGHT_CASES, p15, everywhere=False) == []
+
+
+def test_every_file_marker_is_registered_and_names_real_files():
+    """A MARKED marker is declared in pytest.ini (a typo in a test's marker would select nothing),
+    and its files exist in some phase (a typo in a file name would never change)."""
+    registered = (ROOT / "pytest.ini").read_text()
+    for marker, files in selection.MARKED.items():
+        assert f"\n    {marker}:" in registered, f"pytest.ini does not register the marker {marker}"
+        for f in files:
+            assert any((ROOT / "phases" / p / f).is_file() for p in selection.phases()), (marker, f)
+
+
+def test_prompt_lookups_real_model_check_follows_the_speculator():
+    """Speculative decoding's HF check on the real model (n-gram drafts kept, which tiny-llama's
+    random text never gives) runs in make test where the speculator is born and where its files
+    change; its tiny-llama twin runs wherever the suite runs in full; make test-all runs both."""
+    from tests.suites import speculative_decoding as spec
+    running = selection.phases_running("speculative_decoding")
+    marked = [p for p in running if selection.marked_files_changed("speculator_code", p)]
+    assert marked[0] == running[0] and set(marked) < set(running)      # born there; unchanged somewhere after
+    source = inspect.getsource(spec.test_real_model_tokens_are_hfs)
+    assert '"smollm2-135m"' in source and "spec_decode_num_accepted_tokens\"] > 0" in source
+    for phase in running:
+        real = fake_item(phase, "speculative_decoding", "test_real_model_tokens_are_hfs", markers=("speculator_code",))
+        tiny = fake_item(phase, "speculative_decoding", "test_tiny_model_tokens_are_hfs")
+        full = selection.runs_in_full("speculative_decoding", phase)
+        assert selection.selected(real) == (full and phase in marked), phase
+        assert selection.selected(tiny) == full, phase
+
