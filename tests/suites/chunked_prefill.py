@@ -1,11 +1,11 @@
 """Chunked prefill: a prompt longer than what a step's budget has left is prefilled over several
 steps, beside the decodes, and nothing about the tokens changes.
 
-HF's greedy tokens on the real model for budgets 1, 7, the block size, the
-block size + 1 and one larger than every prompt; a last chunk of one token; chunk boundaries on
-block boundaries; a chunk reads exactly the keys before its own end, never a slot not yet
-written; a partly prefilled request preempted (recompute and swap) and resumed, or aborted,
-gives its blocks back.
+HF's greedy tokens on tiny-llama at a budget of one block, and on the real model for budgets 1,
+7, the block size, the block size + 1 and one larger than every prompt; a last chunk of one
+token; chunk boundaries on block boundaries; a chunk reads exactly the keys before its own end,
+never a slot not yet written; a partly prefilled request preempted (recompute and swap) and
+resumed, or aborted, gives its blocks back.
 """
 import importlib
 import random
@@ -53,27 +53,18 @@ def recorded_plans(llm) -> list:
     return plans
 
 
-# --- the real model: HF's greedy tokens for every budget -----------------------------------------
-@pytest.fixture(scope="module")
-def expected_tokens(hf_reference):
-    """HF's greedy ids for the reference prompts (which every phase's engine gives), cut to ours."""
-    return [ref[:NEW_TOKENS] for ref in hf_reference("smollm2-135m")]
-
-
-@pytest.mark.parametrize("budget", [*(pytest.param(b, marks=pytest.mark.slow) for b in (1, 7)), 16,
-                                    *(pytest.param(b, marks=pytest.mark.slow) for b in (17, 4096))])
-def test_real_model_tokens_are_hfs(phase, budget, real_prompts, expected_tokens):
-    """SmolLM2's block size is 16: budgets 16 and 17 put chunk ends on and just past block
-    boundaries; 4096 holds every prompt whole. Budgets 1 and 7 run one or a few tokens per step,
-    one to seven sequences at a time; they leave out the 518-token prompt (as many steps as
-    tokens), which 16 and 17 cover. `make test` runs 16 (a real prefill is seconds on a CPU): the
-    tiny model's tests below put chunk ends past block boundaries and run 1-token chunks, and
-    the correctness suite runs every prompt whole; `make test-all` runs every budget here."""
-    prompts = [p for p in real_prompts if budget > 7 or len(p) < 100]
-    llm = engine(phase, "smollm2-135m", max_num_batched_tokens=budget, max_num_seqs=min(budget, 8))
+# --- HF's greedy tokens for every budget ---------------------------------------------------------
+def check_budget_keeps_hfs_tokens(phase: str, preset: str, budget: int, hf_prefix):
+    """The preset's reference prompts in one batch under a budget of `budget` tokens a step (the
+    preset's block size: 16): HF's tokens; every step within the budget; every prompt longer
+    than the budget chunked, and some prompt chunked exactly when the budget is below them all.
+    Budgets of 7 and less leave out prompts of 100 tokens and more (as many steps as tokens)."""
+    reference_prompts, expected_tokens = hf_prefix(preset, NEW_TOKENS)
+    prompts = [p for p in reference_prompts if budget > 7 or len(p) < 100]
+    llm = engine(phase, preset, max_num_batched_tokens=budget, max_num_seqs=min(budget, 8))
     plans = recorded_plans(llm)
     outs = llm.generate(prompts, greedy())
-    assert [o.token_ids for o in outs] == [t for p, t in zip(real_prompts, expected_tokens) if p in prompts]
+    assert [o.token_ids for o in outs] == [t for p, t in zip(reference_prompts, expected_tokens) if p in prompts]
     assert all(sum(n) <= budget for _, n in plans)
     first = {}                                           # seq id -> the tokens of its first step
     for ids, n in plans:
@@ -83,6 +74,25 @@ def test_real_model_tokens_are_hfs(phase, budget, real_prompts, expected_tokens)
     assert all(c for c, p in zip(chunked, prompts) if len(p) > budget)    # (a shorter one may be too:
     assert any(chunked) == (budget < sum(map(len, prompts)))              # the step's budget is shared)
     check_idle(llm)
+
+
+def test_tiny_model_tokens_are_hfs(phase, hf_prefix):
+    """tiny-llama's reference prompts (9, 32, 32 and 600 random ids) at a budget of one block (16):
+    the longer three chunked, the 600-token one beside the others' decodes. The real model's twin
+    below runs in `make test-all`."""
+    check_budget_keeps_hfs_tokens(phase, "tiny-llama", 16, hf_prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [1, 7, 16, 17, 4096])
+def test_real_model_tokens_are_hfs(phase, budget, hf_prefix):
+    """SmolLM2's reference set: budgets 16 and 17 put chunk ends on and just past block
+    boundaries; 4096 holds every prompt whole; 1 and 7 run one or a few tokens per step, one to
+    seven sequences at a time, on the prompts under 100 tokens (the 518-token one: 16 and 17).
+    Marked slow (a real prefill is seconds on a CPU): `make test` runs tiny-llama's reference set
+    at 16 above, the tiny model's tests below put chunk ends past block boundaries and run
+    1-token chunks, and the correctness suite holds every phase to HF's tokens on the real model."""
+    check_budget_keeps_hfs_tokens(phase, "smollm2-135m", budget, hf_prefix)
 
 
 # --- chunk boundaries ---------------------------------------------------------------------------
