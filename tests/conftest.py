@@ -39,10 +39,10 @@ def pytest_collection_modifyitems(config, items):
     full only in phases whose copy of its files changed (elsewhere its smoke subset), a
     @pytest.mark.worker_code test only where worker.py / worker_pool.py changed (server_process:
     serve.py / served.py; sampler_code: sampler.py; speculator_code: speculator.py / proposers.py /
-    sampler.py), and a @pytest.mark.slow test only in make test-all. A @pytest.mark.fuzz_soak test
-    runs only when asked for by name (make fuzz, pytest -m fuzz_soak), never in make test or make
-    test-all. Then skip @pytest.mark.gpu tests on machines without CUDA (every other test runs on
-    CPU)."""
+    sampler.py; cli_paths: __main__.py's code paths), and a @pytest.mark.slow test only in make
+    test-all. A @pytest.mark.fuzz_soak test runs only when asked for by name (make fuzz, pytest -m
+    fuzz_soak), never in make test or make test-all. Then skip @pytest.mark.gpu tests on machines
+    without CUDA (every other test runs on CPU)."""
     if not selection.soak_requested(config):
         deselect(config, items, [item.get_closest_marker(selection.SOAK) is None for item in items])
     if not selection.run_all(config):

@@ -16,7 +16,8 @@ subset that still drives the phase's own engine end to end:
 A suite not declared here runs in full in every phase (so a new suite is safe until declared), and
 so does every test that a phase's own file defines (only functions defined in tests/suites/ are
 selected). A marker can name files too (MARKED): a test carrying it runs only in phases whose copy
-of those files differs from the previous phase's, whatever suite it belongs to.
+of those files differs from the previous phase's, whatever suite it belongs to; "file::part" names
+a part of a file (PARTS: "__main__.py::paths", the CLI's code paths without the flags it forwards).
 
 A test marked @pytest.mark.slow (a variant of a check that a faster test of the same function
 already makes in `make test`) runs only in `make test-all`. A test marked @pytest.mark.fuzz_soak
@@ -30,6 +31,7 @@ Declaring a new suite is one line in SUITES, e.g.
 """
 from __future__ import annotations
 
+import ast
 import os
 import re
 from dataclasses import dataclass
@@ -113,14 +115,43 @@ SUITES: dict[str, Suite] = {
                                   smoke=("test_refused_draft_at_each_position", "test_drafts_never_enter_the_prefix_cache")),
 }
 
-# A test with one of these markers runs only where these files changed from the previous phase.
+# A test with one of these markers runs only where these files changed from the previous phase
+# ("file::part": only where that part of the file changed, PARTS below).
 MARKED: dict[str, tuple[str, ...]] = {
     "worker_code": ("worker.py", "worker_pool.py"),    # processes spawned, killed, left to die
     "server_process": ("serve.py", "served.py"),      # the server process started, interrupted, orphaned
     "sampler_code": ("sampler.py",),                  # rejection sampling's statistics: sampler.verify alone
     # prompt lookup's drafts kept on the real model (tiny-llama's random text gives none to keep)
     "speculator_code": ("speculator.py", "proposers.py", "sampler.py"),
+    # the CLI's own paths (a real `python -m phases.<phase>` ending in an error, --chat --prompt on
+    # the real model): how a run starts, branches and exits, not the flags it hands to the engine
+    "cli_paths": ("__main__.py::paths",),
 }
+
+
+class _Unforwarded(ast.NodeTransformer):
+    """Drops what a call or a dict forwards (keyword arguments, entries), keeping what runs."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        node.keywords = []
+        return node
+
+    def visit_Dict(self, node):
+        return ast.Dict(keys=[], values=[])
+
+
+def code_paths(source: str) -> str:
+    """A CLI module's imports, its `if __name__ == "__main__":` block and main(), without the options
+    main() forwards (keyword arguments, dict entries) and without parse_args(): what changes where
+    a phase changes how a run starts, branches, fails or exits, not where it adds a flag and hands
+    it to the engine."""
+    kept = [node for node in ast.parse(source).body if isinstance(node, (ast.Import, ast.ImportFrom, ast.If))
+            or isinstance(node, ast.FunctionDef) and node.name == "main"]
+    return "\n".join(ast.dump(_Unforwarded().visit(node)) for node in kept)
+
+
+PARTS = {"paths": code_paths}                   # "file::part" in MARKED: PARTS[part](the file's text)
 
 SLOW = "slow"                                   # a marker: only in make test-all
 SOAK = "fuzz_soak"                              # a marker: only when -m names it (make fuzz)
@@ -152,12 +183,20 @@ def phases_running(suite: str, root: Path = ROOT) -> tuple[str, ...]:
         suite in SUITE_IMPORT.findall(f.read_text()) for f in sorted((root / "tests" / phase).glob("test_*.py"))))
 
 
-def _files(phase_dir: Path, files: tuple[str, ...]) -> dict[str, bytes | None]:
+def _files(phase_dir: Path, files: tuple[str, ...]) -> dict[str, bytes | str | None]:
     if files == ALL:
         found = [f for f in sorted(phase_dir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts
                  and f.name not in NOT_CODE]
         return {str(f.relative_to(phase_dir)): f.read_bytes() for f in found}
-    return {name: (phase_dir / name).read_bytes() if (phase_dir / name).is_file() else None for name in files}
+    return {name: _read(phase_dir, name) for name in files}
+
+
+def _read(phase_dir: Path, name: str) -> bytes | str | None:
+    """A file's bytes, or for "file::part" PARTS[part] of its text; None where it is missing."""
+    file, _, part = name.partition("::")
+    if not (phase_dir / file).is_file():
+        return None
+    return PARTS[part]((phase_dir / file).read_text()) if part else (phase_dir / file).read_bytes()
 
 
 def differ(files: tuple[str, ...], phase: str, before: str | None, root: Path = ROOT) -> bool:

@@ -178,7 +178,9 @@ def test_every_file_marker_is_registered_and_names_real_files():
     for marker, files in selection.MARKED.items():
         assert f"\n    {marker}:" in registered, f"pytest.ini does not register the marker {marker}"
         for f in files:
-            assert any((ROOT / "phases" / p / f).is_file() for p in selection.phases()), (marker, f)
+            file, _, part = f.partition("::")
+            assert not part or part in selection.PARTS, (marker, f)
+            assert any((ROOT / "phases" / p / file).is_file() for p in selection.phases()), (marker, f)
 
 
 def test_prompt_lookups_real_model_check_follows_the_speculator():
@@ -198,3 +200,30 @@ def test_prompt_lookups_real_model_check_follows_the_speculator():
         assert selection.selected(real) == (full and phase in marked), phase
         assert selection.selected(tiny) == full, phase
 
+
+def test_the_clis_own_tests_follow_its_code_paths(pair):
+    """The CLI's own tests (a real process, --chat --prompt on the real model) follow __main__.py's
+    imports, main() and __main__ block: not a flag's help text, a forwarded option or another
+    function, but an import or a new statement in main() selects them."""
+    root, (first, second) = pair
+    item = fake_item(second, "cli", "test_cli_error_in_a_real_process_is_one_line_and_status_1",
+                     markers=("cli_paths",))
+    assert selection.selected(fake_item(first, "cli", item.originalname, markers=("cli_paths",)), root)
+    assert not selection.selected(item, root)
+    main = root / "phases" / second / "__main__.py"
+    source = main.read_text()
+    call, parse = "options = dict(device=args.device,", "def parse_args(argv=None):"
+    assert call in source and parse in source
+    for unchanged in (source.replace(call, call + " x=1,"), source.replace(parse, parse + "\n    x = 1"),
+                      source + "\n\ndef helper():\n    pass\n"):
+        main.write_text(unchanged)
+        clear_caches()
+        assert not selection.selected(item, root)
+    for changed in ("import json\n" + source, source.replace(call, "print()\n        " + call)):
+        main.write_text(changed)
+        clear_caches()
+        assert selection.selected(item, root)
+    from tests.suites import cli
+    for test in (cli.test_cli_error_in_a_real_process_is_one_line_and_status_1,
+                 cli.test_cli_chat_answers_on_the_real_model):
+        assert [m.name for m in test.pytestmark] == ["cli_paths"], test.__name__

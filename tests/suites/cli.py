@@ -17,7 +17,11 @@ def test_cli_generates_and_reports(capsys, cli):
     assert "[5 tokens in" in out and "finish: length" in out
 
 
+@pytest.mark.cli_paths
 def test_cli_chat_answers_on_the_real_model(capsys, cli):
+    """--chat --prompt: the prompt goes through the chat template, and the real model answers.
+    Marked cli_paths: `make test` runs it where main()'s paths change (tests/selection.py PARTS);
+    the phase's engine on the real model is the correctness suite's, in every phase."""
     cli.main(["--chat", "--prompt", "What is the capital of France?", "--max-tokens", "20", "--device", "cpu"])
     assert "Paris" in capsys.readouterr().out
 
@@ -53,10 +57,13 @@ def test_cli_ctrl_c_is_one_line_not_a_traceback(cli, monkeypatch):
         cli.main(["--model", "tiny-llama", "--prompt", "Hello", "--max-tokens", "5", "--device", "cpu"])
 
 
+@pytest.mark.cli_paths
 def test_cli_error_in_a_real_process_is_one_line_and_status_1(phase):
     """The one subprocess of the CLI suites: what a user sees from `python -m phases.<phase>` with
     bad input is one line on stderr (no warning, no traceback) and exit status 1. The other CLI
-    tests call main(argv) in this process."""
+    tests call main(argv) in this process. Marked cli_paths: `make test` runs it where the CLI's
+    imports, main() or its `__main__` block change, not where a flag is only added and handed to
+    the engine (tests/selection.py MARKED, PARTS); `make test-all` in every phase."""
     run = subprocess.run([sys.executable, "-m", f"phases.{phase}", "--model", "tiny-llama", "--max-tokens", "0",
                           "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
