@@ -125,18 +125,10 @@ def test_split_equals_one_split_in_bf16_on_the_gpu(batch, context, preset_dim):
 def test_replayed_split_decode_equals_eager_bit_for_bit():
     """llama-1b shape, graphs on our kernel: a batch-1 decode over a long context replays the eager
     step's logits exactly (the split count is the capacity's in both)."""
-    import torch
-    from common.sampling import SamplingParams
+    from tests.graph_replay import replay_matches_eager
     LLM = importlib.import_module(f"phases.{PHASE}").LLM  # noqa: N806
-    llm = LLM("llama-1b", attention_backend="triton", max_model_len=8192, max_num_seqs=4,
-              kv_cache_bytes=2 << 30)
-    graphs = llm.runner.graphs
-    llm.add_request(list(range(1, 6001)), SamplingParams(max_tokens=3, temperature=0.0))
-    while llm.scheduler.waiting or any(s.num_pending_tokens > 1 for s in llm.scheduler.running):
-        llm.step()
-    plan = llm.scheduler.schedule()
-    replayed = graphs.run(plan).clone()
-    assert torch.equal(replayed, graphs._forward(1)[:1])
+    assert replay_matches_eager(LLM("llama-1b", attention_backend="triton", max_model_len=8192, max_num_seqs=4,
+                                    kv_cache_bytes=2 << 30))
 
 
 @pytest.mark.gpu

@@ -159,11 +159,5 @@ def test_latent_kernel_in_bf16_on_a_gpu():
 def test_replayed_latent_decode_equals_eager_bit_for_bit():
     """mla-lite's shape in bf16, graphs on the latent kernel: a batch-1 decode over a 6k context
     replays the eager step's logits exactly (the split count is the capacity's in both)."""
-    llm = LLM("mla-lite", max_model_len=8192, max_num_seqs=4, kv_cache_bytes=1 << 30)
-    graphs = llm.runner.graphs
-    llm.add_request(list(range(1, 6001)), SamplingParams(max_tokens=3, temperature=0.0))
-    while llm.scheduler.waiting or any(s.num_pending_tokens > 1 for s in llm.scheduler.running):
-        llm.step()
-    plan = llm.scheduler.schedule()
-    replayed = graphs.run(plan).clone()
-    assert torch.equal(replayed, graphs._forward(1)[:1])
+    from tests.graph_replay import replay_matches_eager
+    assert replay_matches_eager(LLM("mla-lite", max_model_len=8192, max_num_seqs=4, kv_cache_bytes=1 << 30))
