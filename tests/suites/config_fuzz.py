@@ -46,6 +46,7 @@ import os
 import random
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +78,8 @@ SOAK_SEED = 100_000                        # the soak's first seed, past make te
 # ranks; a prefill process; 8-bit Linears) are left out, and their own seeds cover those switches.
 CAUGHT_CASES = {19: "p14", 146: "p14", 240: "p14",   # a one-token prompt chunk run as a graph lane (as a decode)
                 532: "p14", 551: "p14",              # drafts attached past the step's budget (n-gram, draft model)
-                2: "p13"}                            # the draft model's first forward over the budget
+                2: "p13",                            # the draft model's first forward over the budget
+                100_028: "p19"}                      # fp8: a recomputed prefill's token at a near-tie (NEAR_TIE)
 CAUGHT_INTERRUPTS = {149: "p11", 157: "p11", 253: "p11"}  # a clean-up that drops the call's requests but
                                                           # trusts the block accounting a Ctrl-C cut in half
 # The files where each caught bug lived (its fix, and the code its case goes through to reach it).
@@ -87,7 +89,17 @@ CAUGHT_INTERRUPTS = {149: "p11", 157: "p11", 253: "p11"}  # a clean-up that drop
 # nearly every phase changes).
 CAUGHT_FILES = {**dict.fromkeys((19, 146, 240), ("cuda_graph.py", "model_runner.py", "scheduler.py")),
                 **dict.fromkeys((532, 551), ("speculator.py", "proposers.py", "scheduler.py")),
-                2: ("draft_proposer.py", "speculator.py")}
+                2: ("draft_proposer.py", "speculator.py"),
+                100_028: ("quant.py", "triton_int8.py")}
+
+# fp8 (p19 on) keeps 3 mantissa bits: a 1e-7 relative change in one activation (a prefill's sum
+# order against a decode's, for a request preempted and recomputed) can carry it across a rounding
+# edge, and tiny-mla's logits then move by 0.23 (measured: 1e-7 relative noise on the embeddings,
+# 30 draws; float32 and int8 move by 1e-6). So an fp8 request may leave its alone tokens at one
+# step only, and only at a near-tie: where the token it took scores within NEAR_TIE of the top of
+# the alone run's logits at that step (two such moves apart); its later tokens are not judged.
+NEAR_TIE = {"fp8": 0.5}
+TIE_TOP_K = 32            # the alone run keeps its top logits per step for that test
 
 # The bookkeeping the fuzzers check (what reorganizes work: batching, paging, chunks, cached
 # prefixes, preemption, drafts, graph lanes). Where none of these differs from the phase before's,
@@ -237,24 +249,28 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
     case = Case(seed, draw_options(rng, phase))
     if phase.graphs and rng.random() < 0.5:
         case.graph_batch = rng.randint(1, case.options["max_num_seqs"])
-    if seed in CAUGHT_CASES:                  # pinned to the case it caught (see CAUGHT_CASES)
-        return with_workloads(case, rng, phase, num_workloads)
     # Ranks from a stream of their own: the draws above and below are the phases' before it.
     # Not with the graph stand-in, which pads rank 0's forward alone (a GPU captures on every rank).
-    if "mla_decode" in phase.fields:          # (a stream of its own too); the naive decode is not
+    # A caught seed keeps the draws of its phase and those before it (see CAUGHT_CASES).
+    if "mla_decode" in phase.fields and not pinned(seed, "p17"):   # (a stream of its own too); the naive decode is not
         case.options["mla_decode"] = random.Random(f"{seed}/mla").choice(["absorbed", "naive"])
         if case.options["mla_decode"] == "naive":     # captured on a GPU: no graph stand-in
             case.graph_batch = None
-    if ranks and phase.tensor_parallel and not case.graph_batch and random.Random(f"{seed}/ranks").random() < 0.25:
+    if ranks and phase.tensor_parallel and not pinned(seed, "p16") and not case.graph_batch and random.Random(f"{seed}/ranks").random() < 0.25:
         case.options["tensor_parallel_size"] = 2
-    if ranks and phase.disaggregated and "tensor_parallel_size" not in case.options \
+    if ranks and phase.disaggregated and not pinned(seed, "p18") and "tensor_parallel_size" not in case.options \
             and random.Random(f"{seed}/pd").random() < 0.1:   # a prefill process beside (p18 on; its own stream)
         case.options |= {"disaggregation": "pd", "speculative": None}   # PD refuses speculation
-    if phase.quantized and "tensor_parallel_size" not in case.options:   # (p19 on; its own streams). Not on two
+    if phase.quantized and not pinned(seed, "p19") and "tensor_parallel_size" not in case.options:   # (p19 on; its own streams). Not on two
         quant = random.Random(f"{seed}/quant")      # ranks: each quantizes its own slices, which one rank does not
         if quant.random() < 0.2:
             case.options["quantization"] = quant.choice(["w8a8", "w8a8-nosmooth", "fp8"])
     return with_workloads(case, rng, phase, num_workloads)
+
+
+def pinned(seed: int, draws_from: str) -> bool:
+    """A caught seed drawn in a phase before the one whose switches a draw adds: that draw is left out."""
+    return seed in CAUGHT_CASES and CAUGHT_CASES[seed] < draws_from
 
 
 def with_workloads(case: Case, rng: random.Random, phase: Phase, num_workloads: int) -> Case:
@@ -339,6 +355,7 @@ class Alone:
         self.llm = phase.package.LLM(phase.model, max_model_len=MAX_MODEL_LEN, **BASE)
         self.quantized: dict[str, object] = {}     # quantization -> its default engine, built on first use
         self.answers: dict[tuple, list[int]] = {}
+        self.top: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # NEAR_TIE's: per step, top logits, ids
 
     def engine(self, quantization: str | None):
         if quantization is None:
@@ -356,8 +373,37 @@ class Alone:
                 llm.reset_prefix_cache()
             params = SamplingParams(temperature=0, max_tokens=min(MAX_NEW_TOKENS, MAX_MODEL_LEN - len(prompt)),
                                     ignore_eos=True)
-            self.answers[key] = llm.generate([prompt], params)[0].token_ids
+            with self.top_logits(quantization in NEAR_TIE) as steps:
+                self.answers[key] = llm.generate([prompt], params)[0].token_ids
+            self.top[key] = steps
         return self.answers[key][:max_tokens]
+
+    @contextmanager
+    def top_logits(self, wanted: bool):
+        """The engine's sampler wrapped for one call: each step's top TIE_TOP_K logits and ids."""
+        steps, engine = [], importlib.import_module(f"phases.{self.phase.name}.engine")
+        sample_batch = engine.sample_batch
+
+        def recording(logits, *args, **kwargs):
+            steps.append(logits[0].float().topk(TIE_TOP_K))
+            return sample_batch(logits, *args, **kwargs)
+        engine.sample_batch = recording if wanted else sample_batch
+        try:
+            yield steps
+        finally:
+            engine.sample_batch = sample_batch
+
+    def near_tie(self, prompt: list[int], got: list[int], quantization: str | None) -> bool:
+        """Whether `got` leaves the alone tokens at a step where the alone run's logits rank the
+        token it took within NEAR_TIE of their top (see NEAR_TIE)."""
+        key, tie = (quantization, *prompt), NEAR_TIE.get(quantization)
+        expected = self.answers[key]
+        step = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+        if tie is None or step is None or step >= len(self.top[key]):
+            return False
+        values, ids = self.top[key][step]
+        hit = (ids == got[step]).nonzero()
+        return len(hit) > 0 and float(values[0] - values[hit[0, 0]]) <= tie
 
 
 # --- building the engine, watching its steps ----------------------------------------------------
@@ -502,7 +548,7 @@ def judge(llm, watch: StepWatch, workload: Workload, got: dict[int, list[int] | 
         if got[i] is None:                    # aborted: whatever it had is gone
             continue
         expected = alone.tokens(r.prompt, r.max_tokens, getattr(llm.config, "quantization", None))
-        if got[i] != expected:
+        if got[i] != expected and not alone.near_tie(r.prompt, got[i], getattr(llm.config, "quantization", None)):
             problems.append(f"request {i} (prompt of {len(r.prompt)}: {short(r.prompt)}, max_tokens {r.max_tokens}, "
                             f"priority {r.priority}): {got[i]} != alone {expected}")
     return problems[:4] + whole(llm)
