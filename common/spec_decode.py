@@ -42,7 +42,7 @@ from . import bench, measure, runner_args, stats, workloads
 from .device import device_name, parse_dtype, synchronize
 from .engines import make_engine
 from .loader import resolve
-from .report import table
+from .report import part_of, table
 from .results import RESULTS, device_tag, fill_readme_blocks, provenance, read_records, write_records
 
 PASSAGE = ("The Great Barrier Reef, off the coast of Queensland, Australia, is the world's largest coral reef "
@@ -341,10 +341,20 @@ def source(recs: list[dict], file: str) -> str:
             f"{r['preset']}, median of {r['repeats']} repeats)._")
 
 
+def sources(runs: list[dict], file: str) -> str:
+    """One line for several runs of one file (a record of each): each part's commit, run, day, repeats."""
+    r = runs[0]
+    each = ", ".join(f"`PART={part_of(x)}` (git {x['provenance']['git_sha'][:7]}, run {x['run_id']}, "
+                     f"{x['provenance']['utc'][:10]}, median of {x['repeats']} repeats)" for x in runs)
+    return f"\n\n_Source: `results/{r['phase']}/{file}`: {each}; {r['device']}, {r['preset']}._"
+
+
 def acceptance_table(records: list[dict]) -> str:
-    """The newest acceptance run of each result file (the prompt-lookup part, the draft part)."""
-    runs = [newest([r for r in records if r["file"] == f], "acceptance")
-            for f in sorted({r["file"] for r in records if r["workload"] == "acceptance"})]
+    """The newest acceptance run of each result file, GPUs' only where one ran (the headline line
+    gives every device's acceptance)."""
+    files = sorted({r["file"] for r in records if r["workload"] == "acceptance"})
+    gpu = [f for f in files if not f.endswith("-cpu.json")]    # a shared CPU's speed columns are noise
+    runs = [newest([r for r in records if r["file"] == f], "acceptance") for f in gpu or files]
     if not runs:
         return "_No acceptance run yet: `make phase-13 bench PART=acceptance`._"
     rows = [[r["setting"]["prompts"], spec_label(r), cell(r["metrics"], "drafted_share", ".2f"),
@@ -358,32 +368,28 @@ def acceptance_table(records: list[dict]) -> str:
     return table(header, rows) + "".join(source(recs, recs[0]["file"].rsplit("/", 1)[-1]) for recs in runs)
 
 
-def headline(records: list[dict], k: int = 4, min_tokens_per_step: float = 1.1) -> str:
-    """The first screen's line: prompt lookup's acceptance on the real model, grounded and open.
-    A TPOT ratio is given only for a prompt set that speculated (at least `min_tokens_per_step`
-    tokens per target step): where almost nothing was drafted, a speed ratio measures the host."""
-    recs = newest([r for r in records if r["file"].endswith("/acceptance-cpu.json")], "acceptance")
+def headline(records: list[dict], k: int = 4) -> str:
+    """The line under the speed headline: what prompt lookup's drafts achieve on the real model,
+    on each device it ran on (GPUs first): acceptance and tokens per target step, grounded and
+    open prompts. The speed is the results headline's (p13 with drafts over p13 without, one run)."""
+    files = sorted({r["file"] for r in records if r["workload"] == "acceptance"},
+                   key=lambda f: (f.endswith("-cpu.json"), f))
+    lines = [acceptance_line(newest([r for r in records if r["file"] == f], "acceptance"), k) for f in files]
+    return " ".join(line for line in lines if line) or \
+        "_No acceptance run yet: `make phase-13 bench PART=acceptance`._"
+
+
+def acceptance_line(recs: list[dict], k: int) -> str | None:
+    """One run's prompt lookup at k drafts: acceptance and tokens per step, grounded and open."""
     mine = {r["setting"]["prompts"]: r for r in recs if r["setting"].get("speculative") == "ngram"
             and r["setting"].get("num_speculative_tokens") == k}
     if set(mine) != set(PROMPT_SETS):
-        return "_No acceptance run yet: `make phase-13 bench PART=acceptance` (a CPU)._"
-    g, o = (mine[name]["metrics"] for name in ("grounded", "open"))
-    twin = next(r for r in recs if r["engine"] == "p12" + TWIN and r["setting"]["prompts"] == "grounded")
-    sha = mine["grounded"]["provenance"]["git_sha"][:7]
-    text = (f"**Prompt lookup on the real SmolLM2, k = {k}: acceptance {g['acceptance_rate']:.2f} on grounded "
-            f"prompts, {o['acceptance_rate']:.2f} on open-ended ones**; tokens per target step "
-            f"{g['tokens_per_step']:.2f} and {o['tokens_per_step']:.2f} (greedy, {MAX_TOKENS[twin['scale']]} new "
-            f"tokens, six prompts each, git {sha}: the same on any machine).")
-    names = {"grounded": "grounded", "open": "open-ended"}
-    idle = [n for n in names if mine[n]["metrics"]["tokens_per_step"] < min_tokens_per_step]
-    if idle:
-        text += (f" The {' and '.join(names[n] for n in idle)} prompts barely speculated (under "
-                 f"{min_tokens_per_step} tokens a step): no speed ratio is read from them.")
-    if len(idle) < len(names):
-        ratios = " and ".join(f"{versus(mine[n], recs, 'tpot_p50_ms')} ({names[n]})" for n in names if n not in idle)
-        text += (f" TPOT over p12 on this run's shared CPU, one repeat: {ratios}; A/A "
-                 f"{versus(twin, recs, 'tpot_p50_ms').removesuffix(' A/A')}: not a speed claim.")
-    return text
+        return None
+    g, o, first = mine["grounded"]["metrics"], mine["open"]["metrics"], mine["grounded"]
+    return (f"**{first['device']}, {first['dtype']}: prompt lookup (k = {k}) on the real SmolLM2 keeps "
+            f"{g['acceptance_rate']:.2f} of its drafts on grounded prompts, {o['acceptance_rate']:.2f} on open-ended "
+            f"ones**, {g['tokens_per_step']:.2f} and {o['tokens_per_step']:.2f} tokens per target step (greedy, "
+            f"{MAX_TOKENS[first['scale']]} new tokens, six prompts each, git {first['provenance']['git_sha'][:7]}).")
 
 
 def speed_table(records: list[dict], phase: str, device: str = "NVIDIA H200", k: int = 4,
@@ -412,7 +418,7 @@ def speed_table(records: list[dict], phase: str, device: str = "NVIDIA H200", k:
     previous = f"p{int(number) - 1:02d}"
     header = ["batch", "engine (asked α)", "measured acceptance", "tokens / step", "TPOT p50 ms",
               f"TPOT vs {previous}", f"out tok/s vs {previous}"]
-    return table(header, rows) + "".join(source([r], f"speed-{device_tag(device)}.json") for r in used)
+    return table(header, rows) + sources(used, f"speed-{device_tag(device)}.json")
 
 
 def in_table(setting: dict, k: int, alphas: tuple[float, ...] | None) -> bool:
