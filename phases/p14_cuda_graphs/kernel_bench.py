@@ -12,7 +12,9 @@
    replayed (triton.testing.do_bench_cudagraph): a small shape's kernel takes microseconds, less
    than launching it from Python, and a launch-bound timing would measure the host, not the kernel.
    A call that cannot be captured is timed by launches, and its record says so ("timer").
-Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
+3. p14's fused elementwise kernels (rope + K/V store, add + RMSNorm, SiLU * up), checked against
+   the torch ops they replace and timed beside them (section 3 below).
+Writes results/<phase>/kernel-<device>.json. On CPU the kernels run in Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")       # before triton is first imported
@@ -30,6 +34,9 @@ from common import roofline                               # noqa: E402
 from common.device import device_name                     # noqa: E402
 from common.results import RESULTS, device_tag, provenance, write_records   # noqa: E402
 
+from .fused_elementwise import add_rms_norm, silu_and_mul   # noqa: E402
+from .layers import apply_rotary                           # noqa: E402
+from .rope_store import rope_and_store                     # noqa: E402
 from .triton_decode import paged_decode                   # noqa: E402
 
 PHASE = __package__.split(".")[-1]
@@ -154,6 +161,112 @@ def time_case(device: str, B: int, context: int, page: int, only: str | None, co
     return results
 
 
+# --- 3. p14's fused elementwise kernels against the torch ops they replace ---------------------
+# rope_store (rotary on q and k, K and V into the pool: 8 kernels -> 1), add_rms_norm (the residual
+# add, then RMSNorm: 2 -> 1), silu_and_mul (2 -> 1). The torch side is the code the CPU path and
+# fused_kernels=False run (layers.py, KVCache.store). Checked like the decode kernel (fp32: 1e-5;
+# bf16: 2e-2, one rounding step), outputs and in-place writes alike; timed (GPU) at the llama-1b and
+# llama-8b shapes, T = 1, 64, 256 tokens, replayed from graphs: at T = 1 a few kilobytes move and the
+# time is a kernel's floor, which is what fusing saves; the bytes over the time against the copy
+# bandwidth say how far above that floor the larger T run.
+@dataclass(frozen=True)
+class Shape:
+    preset: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+SHAPES = (Shape("llama-1b", 2048, 8192, 32, 8, 64), Shape("llama-8b", 4096, 14336, 32, 8, 128))
+FUSED_CHECK_SHAPE = Shape("tiny", 96, 160, 6, 2, 16)        # awkward widths: masks in every kernel
+FUSED_TOKENS = (1, 64, 256)
+SLOTS = 4096                                           # the pool the K/V rows land in
+
+
+def fused_cases(shape: Shape, T: int, device: str, dtype: torch.dtype) -> dict:
+    """Name -> (fused call, torch call, bytes the fused kernel reads and writes). Each call gets
+    its own copy of any tensor it writes in place, so the two sides can be compared after."""
+    g = torch.Generator(device="cpu").manual_seed(T)
+    rand = lambda *size: torch.randn(*size, generator=g).to(device, dtype)     # noqa: E731
+    item = torch.tensor([], dtype=dtype).element_size()
+    H, KV, D = shape.heads, shape.kv_heads, shape.head_dim
+    qkv, x, res = rand(T, H + 2 * KV, D), rand(T, shape.hidden), rand(T, shape.hidden)
+    weight, gate_up = rand(shape.hidden), rand(T, 2 * shape.intermediate)
+    positions = torch.randperm(SLOTS, generator=g)[:T].to(device)
+    slots = torch.randperm(SLOTS, generator=g)[:T].to(device)
+    angles = torch.arange(SLOTS, dtype=torch.float32)[:, None] * torch.rand(D // 2, generator=g)[None, :]
+    cos, sin = (f(torch.cat([angles, angles], -1)).to(device) for f in (torch.cos, torch.sin))
+    pools = [torch.zeros(2, SLOTS, KV, D, device=device, dtype=dtype) for _ in range(2)]
+    qkvs, residuals = [qkv.clone(), qkv.clone()], [res.clone(), res.clone()]
+    return {
+        "rope_store": (lambda: rope_and_store(qkvs[0], positions, slots, cos, sin, pools[0][0], pools[0][1], H),
+                       lambda: rope_torch(qkvs[1], positions, slots, cos, sin, pools[1], H),
+                       (2 * T * (H + 2 * KV) * D) * item, (qkvs, pools)),
+        "add_rms_norm": (lambda: add_rms_norm(x, residuals[0], weight, 1e-5),
+                         lambda: add_rms_norm_torch(x, residuals[1], weight, 1e-5),
+                         (4 * T + 1) * shape.hidden * item, (residuals,)),
+        "silu_and_mul": (lambda: silu_and_mul(gate_up),
+                         lambda: F.silu(gate_up[:, :shape.intermediate]) * gate_up[:, shape.intermediate:],
+                         3 * T * shape.intermediate * item, ()),
+    }
+
+
+def rope_torch(qkv, positions, slots, cos, sin, pool, H: int) -> torch.Tensor:
+    """The unfused path: rotate q and k (layers.apply_rotary), write k and v (KVCache.store)."""
+    KV = (qkv.shape[1] - H) // 2
+    c, s = cos[positions][:, None, :], sin[positions][:, None, :]
+    q, k, v = qkv.split([H, KV, KV], dim=1)
+    q.copy_(apply_rotary(q, c, s))
+    pool[0].index_copy_(0, slots, apply_rotary(k, c, s))
+    pool[1].index_copy_(0, slots, v)
+    return q
+
+
+def add_rms_norm_torch(x, residual, weight, eps: float) -> torch.Tensor:
+    """The unfused path of layers.RMSNorm: the add (written back to the stream), then the norm."""
+    residual.add_(x)
+    return F.rms_norm(residual, (residual.shape[-1],), weight, eps)
+
+
+def check_fused(device: str, dtype: torch.dtype) -> list[dict]:
+    """Each fused kernel against its torch ops on awkward and real widths: outputs and whatever
+    it writes in place (the stream, the rotated q, the pool's slots)."""
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    shapes = (FUSED_CHECK_SHAPE,) + (SHAPES if device == "cuda" else ())
+    results = []
+    for shape in shapes:
+        for T in (1, 7):
+            for name, (fused, ref, _, written) in fused_cases(shape, T, device, dtype).items():
+                outs = [fused(), ref()]
+                pairs = [(outs[0], outs[1])] + [(a, b) for a, b in written]
+                err = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
+                results.append({"kernel": name, "setting": {"preset": shape.preset, "tokens": T},
+                                "max_abs_err": err, "ok": err <= tol})
+                print(f"[fusion] check {name:<13} {shape.preset:<9} T={T}: max |err| {err:.2e} "
+                      f"{'ok' if err <= tol else 'FAIL'}", flush=True)
+    return results
+
+
+def time_fused(device: str, copy_bytes_per_s: float) -> list[dict]:
+    """Every kernel, shape and T: fused against torch, microseconds and the fused side's GB/s."""
+    results = []
+    for shape in SHAPES:
+        for T in FUSED_TOKENS:
+            for name, (fused, ref, nbytes, _) in fused_cases(shape, T, device, torch.bfloat16).items():
+                us = {"fused": timed_us(fused)[0], "torch": timed_us(ref)[0]}
+                gb_s = nbytes / (us["fused"] * 1e-6) / 1e9
+                results.append({"engine": name, "setting": {"preset": shape.preset, "tokens": T},
+                                "metrics": {"fused_us": us["fused"], "torch_us": us["torch"],
+                                            "saves_us": us["torch"] - us["fused"], "bytes": nbytes,
+                                            "gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s}})
+                print(f"[fusion] {name:<13} {shape.preset:<9} T={T:<4} fused {us['fused']:7.1f} us  "
+                      f"torch {us['torch']:7.1f} us  {gb_s:6.0f} GB/s ({100 * gb_s * 1e9 / copy_bytes_per_s:.0f}% "
+                      f"of copy)", flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None, make_command: str | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check-only", action="store_true", help="skip the timings")
@@ -161,17 +274,20 @@ def main(argv: list[str] | None = None, make_command: str | None = None) -> None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
-    checks = check(device, dtype)
-    if not all(c["ok"] for c in checks):
-        raise SystemExit("[kernel] the kernel disagrees with the reference: no timings taken")
+    checks, fusion_checks = check(device, dtype), check_fused(device, dtype)
+    if not all(c["ok"] for c in checks + fusion_checks):
+        raise SystemExit("[kernel] a kernel disagrees with its reference: no timings taken")
     name = device_name(device)
     prov = provenance(name) | {"make_command": make_command or f"make phase-{PHASE[1:3]} kernel"}
     base = {"phase": PHASE, "preset": "llama-1b", "dtype": str(dtype).removeprefix("torch."), "scale": "full",
             "device": name, "provenance": prov}
     records = [base | {"engine": "triton", "workload": "kernel-check", **c} for c in checks]
+    records += [base | {"engine": c.pop("kernel"), "workload": "fusion-check", **c} for c in fusion_checks]
     if device == "cuda" and not args.check_only:
         hw = roofline.measure(device)
         records += [base | {"workload": "kernel", "hardware": hw, **r} for r in time_grid(device, hw["copy_bytes_per_s"])]
+        records += [base | {"workload": "fusion", "hardware": hw, **r}
+                    for r in time_fused(device, hw["copy_bytes_per_s"])]
     write_records(RESULTS / PHASE / f"kernel-{device_tag(name)}.json", records)
 
 

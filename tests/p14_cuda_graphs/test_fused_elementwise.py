@@ -33,12 +33,13 @@ for dtype in (torch.float32, torch.bfloat16):
                     "norm": err(fused, F.rms_norm(x + res, (dim,), w, 1e-5)),
                     "plain": err(plain, F.rms_norm(x, (dim,), w, 1e-5)), "x_untouched": bool((x == x_before).all()),
                     "silu": err(silu_and_mul(gate_up), F.silu(gate_up[:, :dim]) * gate_up[:, dim:])}})
-print(json.dumps(out))
+from phases.{PHASE} import kernel_bench
+print(json.dumps({{"cases": out, "fusion": kernel_bench.check_fused("cpu", torch.float32)}}))
 """
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> list:
+def interpreted() -> dict:
     return run_interpreted(INTERPRETED)
 
 
@@ -47,18 +48,34 @@ def bound(case: dict) -> float:
 
 
 def test_add_rms_norm_writes_the_stream_and_normalizes_it(interpreted):
-    for case in interpreted:
+    for case in interpreted["cases"]:
         assert case["stream"] <= bound(case) and case["norm"] <= 2 * bound(case), case
 
 
 def test_rms_norm_without_a_residual_writes_nothing_but_its_output(interpreted):
-    for case in interpreted:
+    for case in interpreted["cases"]:
         assert case["plain"] <= 2 * bound(case) and case["x_untouched"], case
 
 
 def test_silu_and_mul_matches_silu_then_multiply(interpreted):
-    for case in interpreted:
+    for case in interpreted["cases"]:
         assert case["silu"] <= 2 * bound(case), case
+
+
+def test_make_kernel_checks_each_fused_kernel_against_the_ops_it_replaces(interpreted):
+    """`make phase-14 kernel` (kernel_bench.check_fused): rope + K/V store, add + RMSNorm and SiLU * up,
+    each against layers.py's torch ops, outputs and in-place writes alike, before it times them."""
+    checks = interpreted["fusion"]
+    assert {c["kernel"] for c in checks} == {"rope_store", "add_rms_norm", "silu_and_mul"}
+    assert all(c["ok"] for c in checks), checks
+
+
+@pytest.mark.gpu
+def test_make_kernel_checks_pass_in_bf16_on_a_gpu():
+    import torch
+
+    from phases.p14_cuda_graphs import kernel_bench
+    assert all(c["ok"] for c in kernel_bench.check_fused("cuda", torch.bfloat16))
 
 
 @pytest.mark.gpu
