@@ -19,6 +19,9 @@ from tests.reference import real_pool
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4      # tiny-llama: K and V x 2 layers x 2 kv heads x head_dim 16 x fp32
 BLOCK = 4
 NEW_TOKENS = 8
+# tiny-llama's pool where a test sets none: 8192 tokens, room for every prompt here. Its default
+# (max_num_seqs x max_model_len, 256 MiB) is zeroed at each build, a quarter of a second an engine.
+TINY_POOL = {"cpu_kv_cache_bytes": 4 << 20}
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +31,15 @@ def backends(phase):
 
 def engine(phase: str, preset: str = "tiny-llama", **options):
     LLM = importlib.import_module(f"phases.{phase}").LLM
-    return LLM(preset, device="cpu", dtype="float32", **real_pool(phase, preset) | options)
+    pool = TINY_POOL if preset == "tiny-llama" else real_pool(phase, preset)
+    return LLM(preset, device="cpu", dtype="float32", **pool | options)
+
+
+@pytest.fixture(scope="module")
+def before(previous):
+    """The previous phase's engine, whose tokens the tests below are held to (one for the module:
+    each of them only generates on it, and generate() leaves it idle)."""
+    return engine(previous, block_size=BLOCK)
 
 
 def greedy(n: int = NEW_TOKENS) -> SamplingParams:
@@ -107,37 +118,38 @@ def prefill_chunks(phase: str, budget: int, prompt_len: int, **options) -> tuple
     return chunks, out.token_ids, llm
 
 
-def previous_phase_tokens(previous: str, prompt_len: int) -> list[int]:
-    return engine(previous, block_size=BLOCK).generate([list(range(1, prompt_len + 1))], greedy())[0].token_ids
+def previous_phase_tokens(before, prompt_len: int) -> list[int]:
+    return before.generate([list(range(1, prompt_len + 1))], greedy())[0].token_ids
 
 
-def test_last_chunk_of_one_token(phase, previous):
+def test_last_chunk_of_one_token(phase, before):
     chunks, tokens, _ = prefill_chunks(phase, budget=8, prompt_len=17)
     assert chunks == [8, 8, 1]
-    assert tokens == previous_phase_tokens(previous, 17)
+    assert tokens == previous_phase_tokens(before, 17)
 
 
-def test_chunk_boundaries_on_block_boundaries(phase, previous):
+def test_chunk_boundaries_on_block_boundaries(phase, before):
     """A budget of two blocks: every chunk starts a block and fills two; the block table grows by
     exactly two blocks per chunk."""
     llm = engine(phase, block_size=BLOCK, max_num_batched_tokens=2 * BLOCK, max_num_seqs=1)
-    llm.add_request(list(range(1, 3 * 2 * BLOCK + 1)), greedy())
+    request = llm.add_request(list(range(1, 3 * 2 * BLOCK + 1)), greedy())
+    outputs = {}
     for chunk in range(1, 4):
-        llm.step()
+        outputs.update(llm.step())
         [seq] = llm.scheduler.running
         assert seq.num_computed_tokens == chunk * 2 * BLOCK and len(seq.block_table) == 2 * chunk
         assert bool(seq.output_ids) == (chunk == 3)       # only the last chunk samples
     while llm.has_unfinished():
-        llm.step()
+        outputs.update(llm.step())
     check_idle(llm)
-    assert prefill_chunks(phase, 2 * BLOCK, 3 * 2 * BLOCK)[1] == previous_phase_tokens(previous, 3 * 2 * BLOCK)
+    assert outputs[request].token_ids == previous_phase_tokens(before, 3 * 2 * BLOCK)
 
 
-def test_a_prompt_longer_than_the_budget_is_accepted(phase, previous):
+def test_a_prompt_longer_than_the_budget_is_accepted(phase, before):
     """The previous phase refused a prompt longer than max_num_batched_tokens; here it is chunked."""
     chunks, tokens, _ = prefill_chunks(phase, budget=16, prompt_len=100)
     assert chunks == [16] * 6 + [4]
-    assert tokens == previous_phase_tokens(previous, 100)
+    assert tokens == previous_phase_tokens(before, 100)
 
 
 # --- attention: a chunk reads exactly the keys before its own end -------------------------------
@@ -208,7 +220,7 @@ def test_triton_backend_prefill_is_the_references(backends):
     check_chunk_attention(backends.TritonAttention(), "cuda", torch.bfloat16, 3e-2)
 
 
-def test_engine_never_reads_an_unwritten_slot(phase, previous):
+def test_engine_never_reads_an_unwritten_slot(phase, before):
     """The whole pool poisoned with NaN before the first step: one sequence at a time, chunked,
     every slot a step reads was written before it, or the logits would be NaN."""
     llm = engine(phase, block_size=BLOCK, max_num_batched_tokens=5, max_num_seqs=1)
@@ -216,8 +228,7 @@ def test_engine_never_reads_an_unwritten_slot(phase, previous):
         layer.fill_(float("nan"))
     prompts = [list(range(1, 24)), list(range(7, 10))]
     outs = llm.generate(prompts, greedy())
-    ref = engine(previous, block_size=BLOCK).generate(prompts, greedy())
-    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in before.generate(prompts, greedy())]
 
 
 # --- mixed steps, the budget, partial prefills --------------------------------------------------
@@ -281,10 +292,10 @@ def preempt_mid_prefill(phase: str, preemption: str):
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
-def test_preempt_and_resume_between_two_chunks(phase, previous, preemption):
+def test_preempt_and_resume_between_two_chunks(phase, before, preemption):
     tokens, seen, chunks = preempt_mid_prefill(phase, preemption)
     assert seen[0] == (1, 33, 40)                          # between its fifth and sixth chunk
-    ref = engine(previous, block_size=BLOCK).generate([[1, 2, 3], list(range(1, 41))], [greedy(20), greedy(4)])
+    ref = before.generate([[1, 2, 3], list(range(1, 41))], [greedy(20), greedy(4)])
     assert tokens == [o.token_ids for o in ref]
     prefilled = sum(chunks) - 3                           # the last 3 of its 4 outputs were decodes
     if preemption == "swap":                              # resumed from its copy: no token twice
@@ -293,7 +304,7 @@ def test_preempt_and_resume_between_two_chunks(phase, previous, preemption):
         assert prefilled > 40
 
 
-def test_abort_mid_prefill_frees_exactly_its_blocks(phase, previous):
+def test_abort_mid_prefill_frees_exactly_its_blocks(phase, before):
     """A request aborted between two chunks gives back its blocks and nobody else's; the request
     beside it finishes with the previous phase's tokens."""
     llm = engine(phase, block_size=BLOCK, max_num_batched_tokens=8, max_num_seqs=4)
@@ -312,7 +323,7 @@ def test_abort_mid_prefill_frees_exactly_its_blocks(phase, previous):
     while llm.has_unfinished():
         outputs.update(llm.step())
     assert list(outputs) == [keep]
-    assert outputs[keep].token_ids == engine(previous, block_size=BLOCK).generate([[1, 2, 3]], greedy(10))[0].token_ids
+    assert outputs[keep].token_ids == before.generate([[1, 2, 3]], greedy(10))[0].token_ids
     check_idle(llm)
 
 
@@ -342,19 +353,26 @@ def run_arrivals(llm, requests) -> list[list[int]]:
     return [outputs[r].token_ids for r in sorted(ids, key=ids.get)]
 
 
+@pytest.fixture(scope="module")
+def mixed_reference(previous):
+    """The previous phase's tokens for mixed_workload(). A request's tokens follow from its prompt,
+    parameters and seed alone (what the test below holds the phase to), so one run, in a pool
+    that holds every request, answers for every budget and preemption mode."""
+    return run_arrivals(engine(previous, block_size=BLOCK, max_num_seqs=16), mixed_workload())
+
+
 @pytest.mark.parametrize(("budget", "preemption"), [(7, "recompute"), (17, "swap"),
                                                     *(pytest.param(b, p, marks=pytest.mark.slow)
                                                       for b, p in ((7, "swap"), (17, "recompute")))])
-def test_staggered_mixed_requests_equal_previous_phase(phase, previous, budget, preemption):
+def test_staggered_mixed_requests_equal_previous_phase(phase, mixed_reference, budget, preemption):
     """A 36-block pool that forces preemptions, staggered arrivals, priorities, sampled rows:
     other steps than the previous phase's, the same tokens. `make test` runs each budget with one
     preemption mode (both modes and both budgets covered); `make test-all` the other two pairs."""
     pool = dict(block_size=BLOCK, kv_cache_bytes=36 * BLOCK * KV_BYTES_PER_TOKEN, preemption=preemption)
-    requests = mixed_workload()
     new = engine(phase, max_num_batched_tokens=budget, max_num_seqs=min(budget, 16), **pool)
-    tokens = run_arrivals(new, requests)
+    tokens = run_arrivals(new, mixed_workload())
     assert new.scheduler.num_preemptions > 0, "the pool was meant to force preemptions"
-    assert tokens == run_arrivals(engine(previous, max_num_seqs=16, **pool), requests)
+    assert tokens == mixed_reference
 
 
 # --- the pipeline: the tail rebuilds each chunk's step from the head's description ---------------
