@@ -68,7 +68,7 @@ SUITES: dict[str, Suite] = {
                        smoke=("test_prompt_plus_max_tokens_over_context", "test_bad_request_in_batch_does_no_work")),
     # top-k/top-p/seeds are sampler.py's, stop strings, max_tokens and EOS sequence.py's; the smoke
     # keeps the engine's part (a generator per seeded request) in every phase, and correctness
-    # covers EOS on the real model there (test_ignore_eos loads it again)
+    # covers EOS on the real model there (test_ignore_eos makes a tiny-llama token the EOS)
     "sampling": Suite(("sampler.py", "sequence.py"),
                       smoke=("test_seeded_request_ignores_batch_neighbours", "test_stop_string")),
     "recovery": Suite(("engine.py", "scheduler.py", "block_manager.py", "sequence.py"),
