@@ -686,7 +686,9 @@ def ladder_cells(records: list[dict], own: list[dict], phase: str, engine: str, 
     """The ladder's numbers for one (phase, engine, model), the records behind them, and the three
     records the absolute columns come from (latency, top concurrency, offline; None where absent)."""
     mine = standard_records(own, phase=phase, engine=engine, preset=preset)
-    lat = newest(select(mine, workload="latency"))
+    # the standard batch-1 run only: a long-context part's latency records (prompt_len, a fixed
+    # pool) measure another regime, and the row would read them as the phase's batch-1 decode
+    lat = newest([r for r in select(mine, workload="latency") if _workload_setting(r) == {"batch": 1}])
     at_c = newest([r for r in select(mine, workload="concurrency") if _workload_setting(r) == {"concurrency": top_c}])
     off = ladder_offline(select(mine, workload="offline"))
     prev = prev_engine(phase)

@@ -567,3 +567,19 @@ def test_ladder_shows_a_phase_measured_only_as_the_next_phase_baseline(tmp_path)
     assert page[2].startswith("| [p02_next](../phases/p02_next) | p02 (in p03's run) | llama-1b | 200 | 5.00 |")
     assert page[3].startswith("| [p03_unwritten](../phases/p03_unwritten) | p03 | llama-1b | 400 | 2.50 | 40.0% "
                               "| 2.00× (2.00–2.00); no A/A |")
+
+
+def test_ladder_decode_is_the_standard_batch_1_run_not_a_long_context_one(tmp_path):
+    """A long-context part's batch-1 records (prompt_len, a fixed pool) are another regime: the
+    ladder's decode column reads the standard batch-1 run, newer long runs notwithstanding; a model
+    measured only at long context gets no ladder row."""
+    long_run = [record("p05_long", e, p, run="run-long", setting={"batch": 1, "prompt_len": 32768}, decode_tok_s=t,
+                       ms_per_token=1e3 / t, floor_bytes=1.0, samples=[t] * 3)
+                for e, p, t in [("p05", "llama-1b", 30.0), ("p04", "llama-1b", 10.0), ("p05", "mla-lite", 20.0)]]
+    for r in long_run:
+        r["provenance"]["utc"] = "2031-01-01T00:00:00+00:00"        # newer than the standard run
+    write(tmp_path, "p05_long/latency-h200.json", [latency("p05_long", "p05", "llama-1b", 500.0),
+                                                   latency("p05_long", "p04", "llama-1b", 250.0), *long_run])
+    ladder = report.ladder(report.load_records(tmp_path))
+    assert "| 500 |" in ladder and "2.00× (2.00–2.00)" in ladder
+    assert "| 30.0 |" not in ladder and "3.00×" not in ladder and "mla-lite" not in ladder
