@@ -12,6 +12,10 @@ from tests.reference import REF_NEW_TOKENS
 
 TINY = ("tiny-llama", "tiny-qwen2")
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4      # K and V x 2 layers x 2 kv heads x head_dim 16 x fp32
+# The pool where a test sets none: 8192 tokens, room for every request here. The default
+# (max_num_seqs x max_model_len, 256 MiB) is zeroed at each build, and check_blocks() sorts every
+# block id of the pool after every step.
+POOL = {"cpu_kv_cache_bytes": 8192 * KV_BYTES_PER_TOKEN}
 
 
 def greedy(max_tokens=REF_NEW_TOKENS):
@@ -22,8 +26,15 @@ def greedy(max_tokens=REF_NEW_TOKENS):
 def make(LLM):
     """make(preset, **options): an fp32 CPU engine of the phase under test."""
     def build(preset="tiny-llama", **options):
-        return LLM(preset, device="cpu", dtype="float32", **options)
+        return LLM(preset, device="cpu", dtype="float32", **POOL | options)
     return build
+
+
+@pytest.fixture(scope="module")
+def tiny(make):
+    """One tiny-llama engine for the tests below that only need an engine with default options
+    (each leaves it idle)."""
+    return make()
 
 
 def check_blocks(llm):
@@ -131,8 +142,8 @@ def test_bad_engine_options(option, value, make):
         make(**{option: value})
 
 
-def test_generate_refuses_a_busy_engine_and_shows_progress(capsys, make):
-    llm = make()
+def test_generate_refuses_a_busy_engine_and_shows_progress(capsys, tiny):
+    llm = tiny
     llm.add_request([1, 2, 3], greedy(2))
     with pytest.raises(RuntimeError, match="idle engine"):
         llm.generate([[4, 5]], greedy(2))
@@ -142,9 +153,9 @@ def test_generate_refuses_a_busy_engine_and_shows_progress(capsys, make):
     assert "requests: 100%" in capsys.readouterr().err
 
 
-def test_seeded_sampling_in_a_batch_matches_alone(prompts_for, make):
+def test_seeded_sampling_in_a_batch_matches_alone(prompts_for, tiny):
     """A seeded sampled request draws from its own generator, next to greedy and unseeded ones."""
-    llm, prompts = make(), prompts_for("tiny-llama")
+    llm, prompts = tiny, prompts_for("tiny-llama")
     seeded = SamplingParams(temperature=0.9, top_k=50, max_tokens=16, seed=11)
     alone = llm.generate([prompts[1]], seeded)[0].token_ids
     batch = llm.generate(prompts[:3], [greedy(16), seeded, SamplingParams(temperature=1.0, max_tokens=16)])

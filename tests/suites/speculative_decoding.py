@@ -28,11 +28,16 @@ from common.spec_decode import Draft
 from tests.reference import real_pool
 
 BLOCK = 4
+# tiny-llama's pool: 8192 tokens at 512 bytes each, room for every test here (the self-draft's
+# share included). Its default (max_num_seqs x max_model_len, 256 MiB) is zeroed at each build,
+# a quarter of a second of the ~30 engines this suite builds per phase.
+TINY_POOL = {"cpu_kv_cache_bytes": 4 << 20}
 
 
 def engine(phase: str, preset: str = "tiny-llama", **options):
     LLM = importlib.import_module(f"phases.{phase}").LLM
-    return LLM(preset, device="cpu", dtype="float32", **real_pool(phase, preset) | options)
+    pool = TINY_POOL if preset == "tiny-llama" else real_pool(phase, preset)
+    return LLM(preset, device="cpu", dtype="float32", **pool | options)
 
 
 def greedy(n: int = 24, **kw) -> SamplingParams:
@@ -93,9 +98,15 @@ def tiny_prompts(prompts_for):
 
 
 @pytest.fixture(scope="module")
-def tiny_truth(phase, tiny_prompts):
+def plain(phase):
+    """Speculation off (the engine of tiny_truth; tests that only read from it share it)."""
+    return engine(phase, block_size=BLOCK)
+
+
+@pytest.fixture(scope="module")
+def tiny_truth(plain, tiny_prompts):
     """Speculation off: the tokens every engine here must give, and the script of the proposers."""
-    outs = engine(phase, block_size=BLOCK).generate(tiny_prompts, greedy())
+    outs = plain.generate(tiny_prompts, greedy())
     return {tuple(p): o.token_ids for p, o in zip(tiny_prompts, outs)}
 
 
@@ -144,21 +155,23 @@ def test_real_model_tokens_are_hfs(phase, proposer, k, hf_prefix):
 
 
 # --- where the first refused draft is ------------------------------------------------------------
-@pytest.mark.parametrize("miss", [0, 2, 4, None], ids=["first", "middle", "last", "none"])
-def test_refused_draft_at_each_position(phase, miss, tiny_prompts, tiny_truth):
+def test_refused_draft_at_each_position(phase, tiny_prompts, tiny_truth):
     """k = 5 drafts per step: refused at position 0 (all rolled back), 2, 4 (the last), or never
     (every draft kept, and the bonus token's K/V written by the next step). Tokens unchanged; each
-    verify keeps exactly the drafts before the refused one."""
-    llm = scripted(phase, tiny_truth, miss, k=5)
+    verify keeps exactly the drafts before the refused one. One engine runs the four scripts in
+    turn (a script is the proposer's alone), each starting from the idle engine the last one left."""
+    llm = scripted(phase, tiny_truth, None, k=5)
     poison_past_length(llm)
     verifies, count = [], llm.speculator.count
     llm.speculator.count = lambda drafted, accepted: (verifies.append((drafted, accepted)), count(drafted, accepted))
-    outs = llm.generate(tiny_prompts, greedy())
-    assert [o.token_ids for o in outs] == list(tiny_truth.values())
-    assert verifies and any(drafted == 5 for drafted, _ in verifies)
-    expected = [min(drafted, 5 if miss is None else miss) for drafted, _ in verifies]
-    assert [accepted for _, accepted in verifies] == expected      # (a draft cut short by max_tokens
-    check_idle(llm)                                               # may end before the miss)
+    for miss in (0, 2, 4, None):
+        llm.speculator.proposer, verifies[:] = MissAt(tiny_truth, miss, llm.model_config.vocab_size), []
+        outs = llm.generate(tiny_prompts, greedy())
+        assert [o.token_ids for o in outs] == list(tiny_truth.values()), f"miss at {miss}"
+        assert verifies and any(drafted == 5 for drafted, _ in verifies)
+        expected = [min(drafted, 5 if miss is None else miss) for drafted, _ in verifies]
+        assert [accepted for _, accepted in verifies] == expected, f"miss at {miss}"   # (a draft cut short
+        check_idle(llm)                                                 # by max_tokens may end before the miss)
 
 
 @pytest.mark.parametrize("k", [1, 3, 4, 7])
@@ -240,9 +253,9 @@ def test_eos_inside_a_proposal(phase, tiny_prompts, tiny_truth):
     assert outs[1].token_ids[-1] == eos and len(outs[1].token_ids) < 24
 
 
-def test_stop_string_inside_a_proposal(phase, tiny_prompts, tiny_truth):
+def test_stop_string_inside_a_proposal(phase, plain, tiny_prompts, tiny_truth):
     prompt = tiny_prompts[1]
-    base = engine(phase, block_size=BLOCK)
+    base = plain
     text = base.tokenizer.decode(tiny_truth[tuple(prompt)][:6])
     stop = text[-3:].strip() or text[-4:]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
@@ -252,15 +265,15 @@ def test_stop_string_inside_a_proposal(phase, tiny_prompts, tiny_truth):
     check_idle(spec)
 
 
-@pytest.mark.parametrize("max_tokens", [1, 2, 5, 6])
-def test_max_tokens_inside_a_proposal(phase, max_tokens, tiny_prompts, tiny_truth):
+def test_max_tokens_inside_a_proposal(phase, tiny_prompts, tiny_truth):
     """k = 8 drafts but only max_tokens - 1 - (tokens so far) can still be verified: the request
-    ends at max_tokens exactly, on a verify's last token."""
+    ends at max_tokens exactly, on a verify's last token (max_tokens 1, 2, 5, 6 in turn, one engine)."""
     llm = scripted(phase, tiny_truth, None, k=8)
-    outs = llm.generate(tiny_prompts, greedy(max_tokens))
-    assert [o.token_ids for o in outs] == [t[:max_tokens] for t in tiny_truth.values()]
-    assert all(o.finish_reason == "length" for o in outs)
-    check_idle(llm)
+    for max_tokens in (1, 2, 5, 6):
+        outs = llm.generate(tiny_prompts, greedy(max_tokens))
+        assert [o.token_ids for o in outs] == [t[:max_tokens] for t in tiny_truth.values()], max_tokens
+        assert all(o.finish_reason == "length" for o in outs)
+        check_idle(llm)
 
 
 # --- the switch ----------------------------------------------------------------------------------
@@ -296,13 +309,14 @@ def record_step_sizes(runner) -> list[int]:
 def test_no_step_exceeds_the_token_budget(phase, proposer, tiny_prompts, tiny_truth):
     """Drafts count against max_num_batched_tokens like any token: with a budget of 12 and eight
     sequences decoding, each step has 4 tokens left for drafts. The self-draft's forwards keep to
-    the budget too, catching up on a whole prompt in chunks of it (the prompts are longer)."""
+    the budget too, catching up on a whole prompt in chunks of it (the 32-token prompts are longer;
+    the 600-token one would add 50 chunks a copy, each alike)."""
     options = dict(max_num_seqs=8, max_num_batched_tokens=12)
     llm = scripted(phase, tiny_truth, None, k=7, **options) if proposer == "scripted" else \
         engine(phase, block_size=BLOCK, speculative="draft", num_speculative_tokens=7, **options)
     sizes = record_step_sizes(llm.runner)
     drafts = record_step_sizes(llm.speculator.proposer.runner) if proposer == "draft" else []
-    prompts = tiny_prompts * 2
+    prompts = ([p for p in tiny_prompts if len(p) < 100] * 3)[:8]
     outs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outs] == [tiny_truth[tuple(p)] for p in prompts]
     assert max(sizes) <= 12 and (proposer == "scripted" or max(drafts) <= 12)
@@ -322,10 +336,10 @@ def test_a_self_draft_shares_the_kv_budget(phase):
     assert budget - bytes_per_block < llm.cache.num_blocks * bytes_per_block <= budget
 
 
-def test_off_drafts_nothing(phase, tiny_prompts, tiny_truth):
-    llm = engine(phase, block_size=BLOCK)
-    assert [o.token_ids for o in llm.generate(tiny_prompts, greedy())] == list(tiny_truth.values())
-    assert llm.speculator.counters()["spec_decode_num_drafts"] == 0
+def test_off_drafts_nothing(plain, tiny_truth):
+    """The engine that gave tiny_truth (speculation off) drafted nothing for it."""
+    assert plain.speculator.counters()["spec_decode_num_drafts"] == 0
+    check_idle(plain)
 
 
 # --- the n-gram proposer -------------------------------------------------------------------------
@@ -342,8 +356,10 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match(phase):
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
 def test_sampled_requests_reproduce_with_their_seed(phase, proposer, tiny_prompts):
     """Draws of the draft model, acceptance tests and resamples all come from the request's own
-    generator: the same seed gives the same tokens again (in the same batch)."""
-    params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=s) for s in (1, 2, 3, 4)]
+    generator: the same seed gives the same tokens again (in the same batch). top_k, not top_p:
+    which filter runs plays no part in whose generator draws, and top_p sorts the whole vocabulary
+    for every draw (half of this test's time on a CPU); the sampling suite checks top_p."""
+    params = [SamplingParams(temperature=0.8, top_k=50, max_tokens=16, seed=s) for s in (1, 2, 3, 4)]
     runs = []
     for _ in range(2):
         llm = engine(phase, speculative=proposer, num_speculative_tokens=3, block_size=BLOCK)
