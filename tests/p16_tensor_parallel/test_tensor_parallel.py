@@ -1,25 +1,31 @@
 """Tensor parallelism on CPU (gloo, float32): ranks split the model and give TP=1's tokens.
 
 Every engine here starts real rank processes; a process holds one process group at a time, so
-the module's engines are built one after another and each is shut down before the next."""
+the module's engines are built one after another and each is shut down before the next (the
+Ctrl-C test's engine serves the killed-rank test too, which ends it)."""
 from __future__ import annotations
 
+import asyncio
+import itertools
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 import torch
 
+from common import serving_client
 from common.loader import resolve
 from common.sampling import SamplingParams
 from phases.p16_tensor_parallel import LLM
 from phases.p16_tensor_parallel.model import Model
 from phases.p16_tensor_parallel.parallel_layers import check_shardable, split
 from tests.reference import REF_NEW_TOKENS, ROOT
+from tests.suites.served import children
+from tests.suites.server import serving
 
 PHASE = "p16_tensor_parallel"
 BASE = dict(device="cpu", dtype="float32")
@@ -139,25 +145,6 @@ def test_three_ranks_of_the_real_model_give_hf_greedy_tokens(real_prompts, hf_re
         llm.shutdown()
 
 
-def test_ctrl_c_lands_between_steps_and_the_next_call_is_right(prompts_for, hf_reference):
-    """A real SIGINT in the middle of generate(): held to the step's end (a collective is never
-    cut in half), raised, the call's requests dropped on every rank; the next call is exact."""
-    llm = LLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 22, **BASE)
-    try:
-        prompts = prompts_for("tiny-llama")
-        long = SamplingParams(max_tokens=400, ignore_eos=True)
-        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            llm.generate(prompts, long)
-        timer.join()
-        assert not llm.has_unfinished()
-        assert ids(llm.generate(prompts, GREEDY)) == hf_reference("tiny-llama")
-        llm.check()
-    finally:
-        llm.shutdown()
-
-
 def test_generate_on_a_following_rank_is_refused():
     from phases.p16_tensor_parallel.engine import LLM as Engine
     follower = Engine.__new__(Engine)
@@ -167,7 +154,7 @@ def test_generate_on_a_following_rank_is_refused():
         follower.generate([[1, 2, 3]])
 
 
-# --- faults: a rank killed, a rank hung, rank 0 killed ----------------------------------------
+# --- faults: rank 0 killed, Ctrl-C, a rank killed, a rank hung ---------------------------------
 def rank_pids(llm) -> list[int]:
     return [proc.pid for proc in llm.tp.procs]
 
@@ -181,9 +168,77 @@ def gone(pid: int) -> bool:
         return f.read().split()[2] == "Z"
 
 
+def hold_an_engine(pids) -> None:
+    """Rank 0 of a two-rank engine until it is killed: sends its ranks' pids, then waits."""
+    llm = LLM("tiny-llama", tensor_parallel_size=2, device="cpu", kv_cache_bytes=1 << 20)
+    pids.send(rank_pids(llm))
+    time.sleep(600)
+
+
+def test_ranks_die_with_rank_0():
+    """Rank 0 SIGKILLed (no clean-up runs): the ranks it started exit too. Rank 0 is forked from
+    this process, which has imported everything already (a new interpreter spends seconds on it);
+    it runs before the module's engine starts, whose process group a child would inherit."""
+    fork = multiprocessing.get_context("fork")
+    receive, send = fork.Pipe(duplex=False)
+    rank0 = fork.Process(target=hold_an_engine, args=(send,), daemon=True)
+    rank0.start()
+    try:
+        while not receive.poll(0.1):
+            assert rank0.is_alive(), f"rank 0 exited with code {rank0.exitcode} before its ranks started"
+        pids = receive.recv()
+        assert len(pids) == 1
+    finally:
+        rank0.kill()
+        rank0.join()
+    deadline = time.monotonic() + 20
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in pids)
+
+
+@pytest.fixture(scope="module")
+def tp2():
+    """Two ranks of tiny-llama, started once for the Ctrl-C test and then the killed-rank test,
+    which ends them (a rank's start costs seconds of imports)."""
+    llm = LLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 22, **BASE)
+    yield llm
+    llm.shutdown()
+
+
+def interrupt_at_step(llm, monkeypatch, step: int) -> None:
+    """A real SIGINT to this process from inside the `step`-th forward, between collectives:
+    the moment a Ctrl-C could cut a step in half, reached without waiting on a clock."""
+    forward, steps = llm.runner.run, itertools.count(1)
+
+    def run(*args):
+        if next(steps) == step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return forward(*args)
+    monkeypatch.setattr(llm.runner, "run", run)
+
+
+def test_ctrl_c_lands_between_steps_and_the_next_call_is_right(tp2, prompts_for, hf_reference, monkeypatch):
+    """A real SIGINT in the middle of generate(): held to the step's end (a collective is never
+    cut in half), raised, the call's requests dropped on every rank; the next call is exact."""
+    prompts = prompts_for("tiny-llama")
+    interrupt_at_step(tp2, monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        tp2.generate(prompts, SamplingParams(max_tokens=400, ignore_eos=True))
+    monkeypatch.undo()
+    assert not tp2.has_unfinished()
+    assert ids(tp2.generate(prompts, GREEDY)) == hf_reference("tiny-llama")
+    tp2.check()
+
+
 @pytest.mark.parametrize("fault", ["killed", "hung"])
-def test_a_rank_that_dies_or_hangs_ends_the_engine_with_a_clear_error(fault):
-    llm = LLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 22, distributed_timeout_s=3, **BASE)
+def test_a_rank_that_dies_or_hangs_ends_the_engine_with_a_clear_error(fault, request):
+    """killed: the module's engine (a dead rank's socket fails the collective at once, whatever the
+    timeout); hung: an engine of its own, whose collectives time out after 3 s."""
+    if fault == "killed":
+        llm = request.getfixturevalue("tp2")
+    else:
+        llm = LLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 22, distributed_timeout_s=3, **BASE)
     [pid] = rank_pids(llm)
     try:
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))            # it works first
@@ -200,25 +255,6 @@ def test_a_rank_that_dies_or_hangs_ends_the_engine_with_a_clear_error(fault):
         llm.shutdown()
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
-
-
-def test_ranks_die_with_rank_0():
-    """Rank 0 SIGKILLed (no clean-up runs): the ranks it started exit too."""
-    script = ("from phases.p16_tensor_parallel import LLM\n"
-              "llm = LLM('tiny-llama', tensor_parallel_size=2, device='cpu', kv_cache_bytes=1 << 20)\n"
-              "print(*[p.pid for p in llm.tp.procs], flush=True)\n"
-              "import time; time.sleep(600)\n")
-    tp3 = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        pids = [int(p) for p in tp3.stdout.readline().split()]
-        assert len(pids) == 1
-    finally:
-        tp3.kill()
-        tp3.wait()
-    deadline = time.monotonic() + 20
-    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert all(gone(pid) for pid in pids)
 
 
 # --- torchrun ------------------------------------------------------------------------------------
@@ -243,29 +279,25 @@ def free_port() -> int:
 
 
 # --- the served path ----------------------------------------------------------------------------
-def rank_processes() -> set[int]:
-    run = subprocess.run(["pgrep", "-f", f"phases.{PHASE}.rank"], capture_output=True, text=True)
-    return {int(pid) for pid in run.stdout.split()}
-
-
 def test_the_server_runs_a_tensor_parallel_engine():
     """`make phase-16 serve --tensor-parallel-size 2`: the engine process starts rank 1; streamed
-    completions give the offline tokens; shutting the server down leaves no rank behind."""
-    from phases.p16_tensor_parallel import ServedLLM
+    completions give the offline tokens; shutting the engine down leaves no rank behind. The HTTP
+    app runs in a thread here: a server process would add seconds of imports and nothing this
+    checks (how it starts and stops around its engine is the served suite's)."""
+    import phases.p16_tensor_parallel as module
     prompts = [[5, 6, 7, 8], list(range(100, 130))]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     expected = ids(LLM("tiny-llama", kv_cache_bytes=1 << 22, **BASE).generate(prompts, params))
-    before = rank_processes()
-    served = ServedLLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 21, **BASE)
-    try:
-        assert len(rank_processes() - before) == 1
-        assert ids(served.generate(prompts, params)) == expected
-    finally:
-        served.shutdown()
+    engine = module.AsyncLLM("tiny-llama", tensor_parallel_size=2, kv_cache_bytes=1 << 21, **BASE)
+    with serving(module, engine) as url:
+        # the engine process's own children, not every rank on the machine: other runs may hold some
+        [rank1] = [pid for pid, cmd in children(engine.proc.pid).items() if f"phases.{PHASE}.rank".encode() in cmd]
+        results, _ = asyncio.run(serving_client.run(url, "tiny-llama", [(prompt, 10) for prompt in prompts]))
+        assert [r.token_ids for r in results] == expected
     deadline = time.monotonic() + 20
-    while rank_processes() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not rank_processes() - before
+    while not gone(rank1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(rank1)
 
 
 # --- GPU ----------------------------------------------------------------------------------------

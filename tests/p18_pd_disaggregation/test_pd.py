@@ -1,13 +1,16 @@
 """p18_pd_disaggregation: a prefill instance and a decode instance in two processes (gloo on CPU).
 
-The colocated engine's tokens on the real SmolLM2 (prompts off the block size, a prefix hit on P),
-tiny-mla's latents moved as latents, requests that end on P, seeded sampling continued on D,
-aborts at every stage, P killed or hung (a clear error, no block leaked on D, no process left, the
-next call served by a new P), D killed under the server (P goes too), the server streaming a PD
-request; after every call, the block accounting of both instances (LLM.check() asks P for its own).
-Each pair starts once per module: starting P costs seconds."""
+The colocated engine's tokens (prompts off the block size, a prefix hit on P), tiny-mla's latents
+moved as latents, requests that end on P, seeded sampling continued on D, aborts at every stage,
+P killed or hung (a clear error, no block leaked on D, no process left, the next call served by a
+new P), D killed under the server (P goes too), the server streaming a PD request; after every
+call, the block accounting of both instances (LLM.check() asks P for its own). Each pair starts
+once per module: starting P costs seconds. The K/V moves bit for bit, so random tiny models check
+what the real SmolLM2 would, at milliseconds a step."""
 from __future__ import annotations
 
+import asyncio
+import importlib
 import os
 import signal
 import threading
@@ -16,10 +19,12 @@ import time
 import httpx
 import pytest
 
+from common import serving_client
 from common.sampling import SamplingParams
-from phases.p18_pd_disaggregation import LLM, ServedLLM
+from phases.p18_pd_disaggregation import LLM
 from phases.p18_pd_disaggregation.config import EngineConfig
 from tests.suites.served import children
+from tests.suites.server import serving
 
 PHASE = "p18_pd_disaggregation"
 SMALL = dict(device="cpu", dtype="float32", block_size=4, kv_cache_bytes=1 << 20, max_num_seqs=4,
@@ -54,27 +59,6 @@ def pair():
     assert gone(pid), "the prefill instance outlived shutdown()"
 
 
-def test_real_model_gives_the_colocated_tokens_with_a_prefix_hit_on_p():
-    """SmolLM2, greedy, block size 16: prompts of 9, 21 and 40 tokens (none a block multiple), then
-    a prompt sharing the 40-token one's first 32: P reads two cached blocks and computes the rest."""
-    opts = dict(device="cpu", dtype="float32", kv_cache_bytes=8 << 20, max_num_seqs=4)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    base = list(range(1000, 1040))
-    prompts = [list(range(500, 509)), list(range(700, 721)), base]
-    later = [base[:32] + [7, 8, 9, 10, 11]]
-    solo = LLM("smollm2-135m", **opts)
-    want, want_later = ids(solo.generate(prompts, params)), ids(solo.generate(later, params))
-    llm = LLM("smollm2-135m", disaggregation="pd", **opts)
-    try:
-        assert ids(llm.generate(prompts, params)) == want
-        llm.check()
-        assert ids(llm.generate(later, params)) == want_later
-        assert list(llm.pd.timeline.values())[-1]["cached"] == 32       # two blocks hit on P
-        llm.check()
-    finally:
-        llm.shutdown()
-
-
 def test_tiny_mla_latents_move_as_latents():
     """An MLA pool row is (latent | rotary key); the transfer is the rows: the colocated tokens.
     (Before the tiny-llama pair starts: one pair a process.)"""
@@ -93,6 +77,16 @@ def test_tokens_equal_the_colocated_engine(pair, solo):
     assert ids(pair.generate(PROMPTS, GREEDY)) == ids(solo.generate(PROMPTS, GREEDY))
     pair.check()
     assert all("landed" in pair.pd.timeline[i] for i in list(pair.pd.timeline)[-len(PROMPTS):])
+
+
+def test_a_prefix_hit_on_p_gives_the_colocated_tokens(pair, solo):
+    """A prompt sharing the 35-token one's first 32 (8 blocks) and then going its own way: P reads
+    the cached blocks and computes the rest, D gets the whole prompt's K/V."""
+    later = [PROMPTS[1][:32] + [7, 8, 9, 10, 11]]
+    pair.generate(PROMPTS[1:2], GREEDY)                             # cached on P (if not already)
+    assert ids(pair.generate(later, GREEDY)) == ids(solo.generate(later, GREEDY))
+    assert list(pair.pd.timeline.values())[-1]["cached"] == 32       # eight blocks hit on P
+    pair.check()
 
 
 def test_seeded_sampling_continues_on_d(pair, solo):
@@ -201,27 +195,28 @@ def test_bad_disaggregation_options_are_refused():
 
 
 def test_server_streams_a_pd_request_and_d_killed_takes_p_along(solo):
-    """Front end + D (the engine process) + P (D's child): a streamed request gives the colocated
-    tokens; D killed mid-stream ends the stream with an error, and P does not outlive it."""
-    served = ServedLLM("tiny-llama", disaggregation="pd", **SMALL)
-    try:
-        assert ids(served.generate(PROMPTS, GREEDY)) == ids(solo.generate(PROMPTS, GREEDY))
-        procs = {pid: cmd for pid in children(served.proc.pid) for pid, cmd in children(pid).items()}
-        engine = next(pid for pid, cmd in procs.items() if children(pid))     # the one with a child: D
-        prefill = next(iter(children(engine)))
+    """HTTP app + D (the engine process) + P (D's child): streamed requests give the colocated
+    tokens; D killed mid-stream ends the stream with an error, and P does not outlive it. The app
+    runs in a thread here: a server process would add seconds of imports and nothing this checks
+    (how it starts and stops around its engine is the served suite's)."""
+    module = importlib.import_module(f"phases.{PHASE}")
+    engine = module.AsyncLLM("tiny-llama", disaggregation="pd", **SMALL)
+    with serving(module, engine) as url:
+        requests = [(prompt, GREEDY.max_tokens) for prompt in PROMPTS]
+        results, _ = asyncio.run(serving_client.run(url, "tiny-llama", requests))
+        assert [r.token_ids for r in results] == ids(solo.generate(PROMPTS, GREEDY))
+        [prefill] = children(engine.proc.pid)
         body = {"model": "tiny-llama", "prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=30) as response:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data:"))         # streaming from D
-            os.kill(engine, signal.SIGKILL)
+            os.kill(engine.proc.pid, signal.SIGKILL)
             rest = "\n".join(lines)
         assert "error" in rest and "exited" in rest
         deadline = time.monotonic() + 10
         while not gone(prefill) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert gone(prefill), "the prefill instance outlived its decode instance"
-    finally:
-        served.shutdown()
 
 
 @pytest.mark.gpu

@@ -2,11 +2,11 @@
 harness drives it. It gives the offline engine's tokens, dies with its parent, and exits (status 1,
 for a supervisor to restart it) when its engine process dies."""
 import importlib
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -41,28 +41,36 @@ def test_served_engine_gives_the_offline_tokens(served, module):
         served.generate(prompts, SamplingParams(temperature=0.7, max_tokens=8, ignore_eos=True))
 
 
+def hold_a_server(module, pids) -> None:
+    """A ServedLLM's parent until it is killed: sends the server's pid, then waits."""
+    llm = module.ServedLLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=1 << 20)
+    pids.send(llm.proc.pid)
+    time.sleep(600)
+
+
 @pytest.mark.server_process
-def test_server_dies_with_its_parent(phase):
-    """A parent killed outright (SIGKILL, no cleanup) takes the server and its engine along."""
-    script = textwrap.dedent(f"""
-        import os, sys
-        from phases.{phase} import ServedLLM
-        llm = ServedLLM("tiny-llama", device="cpu", dtype="float32", kv_cache_bytes=1 << 20)
-        print(llm.proc.pid, flush=True)
-        sys.stdin.read()
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
-    server_pid = int(parent.stdout.readline())
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
+def test_server_dies_with_its_parent(module):
+    """A parent killed outright (SIGKILL, no cleanup) takes the server and its engine along. The
+    parent is forked from this process, which has imported the engine already (a new interpreter
+    spends seconds on it)."""
+    fork = multiprocessing.get_context("fork")
+    receive, send = fork.Pipe(duplex=False)
+    parent = fork.Process(target=hold_a_server, args=(module, send), daemon=True)
+    parent.start()
+    try:
+        while not receive.poll(0.1):
+            assert parent.is_alive(), f"the parent exited with code {parent.exitcode} before its server was up"
+        server_pid = receive.recv()
+    finally:
+        parent.kill()
+        parent.join()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
             os.kill(server_pid, 0)
         except ProcessLookupError:
             return
-        time.sleep(0.2)
+        time.sleep(0.1)
     os.kill(server_pid, signal.SIGKILL)
     pytest.fail("the server outlived its parent")
 
