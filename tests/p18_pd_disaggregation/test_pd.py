@@ -5,8 +5,8 @@ moved as latents, requests that end on P, seeded sampling continued on D, aborts
 P killed or hung (a clear error, no block leaked on D, no process left, the next call served by a
 new P), D killed under the server (P goes too), the server streaming a PD request; after every
 call, the block accounting of both instances (LLM.check() asks P for its own). Each pair starts
-once per module: starting P costs seconds. The K/V moves bit for bit, so random tiny models check
-what the real SmolLM2 would, at milliseconds a step."""
+once per module: starting P costs seconds. The real SmolLM2 pair runs once (its tokens, a prefix
+hit on P); the K/V moves bit for bit, so the tiny pairs check the rest at milliseconds a step."""
 from __future__ import annotations
 
 import asyncio
@@ -57,6 +57,29 @@ def pair():
     pid = llm.pd.proc.pid
     llm.shutdown()
     assert gone(pid), "the prefill instance outlived shutdown()"
+
+
+def test_real_model_gives_the_colocated_tokens_with_a_prefix_hit_on_p():
+    """SmolLM2, greedy, block size 16: prompts of 9, 21 and 40 tokens (none a block multiple), then
+    a prompt sharing the 40-token one's first 32: P reads two cached blocks and computes the rest.
+    (The pair of the real checkpoint: its loader, its shapes, its tokens; the tiny pair below covers
+    the rest at milliseconds a step.)"""
+    opts = dict(device="cpu", dtype="float32", kv_cache_bytes=8 << 20, max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    base = list(range(1000, 1040))
+    prompts = [list(range(500, 509)), list(range(700, 721)), base]
+    later = [base[:32] + [7, 8, 9, 10, 11]]
+    solo = LLM("smollm2-135m", **opts)
+    want, want_later = ids(solo.generate(prompts, params)), ids(solo.generate(later, params))
+    llm = LLM("smollm2-135m", disaggregation="pd", **opts)
+    try:
+        assert ids(llm.generate(prompts, params)) == want
+        llm.check()
+        assert ids(llm.generate(later, params)) == want_later
+        assert list(llm.pd.timeline.values())[-1]["cached"] == 32       # two blocks hit on P
+        llm.check()
+    finally:
+        llm.shutdown()
 
 
 def test_tiny_mla_latents_move_as_latents():
