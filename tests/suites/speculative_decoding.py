@@ -241,13 +241,13 @@ def test_drafts_never_enter_the_prefix_cache(phase, previous, tiny_prompts, tiny
 
 
 # --- where a request ends inside a proposal --------------------------------------------------------
-def test_eos_inside_a_proposal(phase, tiny_prompts, tiny_truth):
+def test_eos_inside_a_proposal(phase, plain, tiny_prompts, tiny_truth, monkeypatch):
     """EOS is the 3rd token the drafts would bring: the request stops there, as without them."""
     prompt = tiny_prompts[0]
     eos = tiny_truth[tuple(prompt)][4]
     outs = []
-    for llm in (engine(phase, block_size=BLOCK), scripted(phase, tiny_truth, None, k=6)):
-        llm.source = SimpleNamespace(eos_token_ids=[eos], tokenizer=llm.source.tokenizer)
+    for llm in (plain, scripted(phase, tiny_truth, None, k=6)):
+        monkeypatch.setattr(llm, "source", SimpleNamespace(eos_token_ids=[eos], tokenizer=llm.source.tokenizer))
         outs.append(llm.generate([prompt], greedy(24, ignore_eos=False))[0])
         check_idle(llm)
     assert outs[0].token_ids == outs[1].token_ids and outs[1].finish_reason == "stop"
