@@ -42,13 +42,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import multiprocessing
 import os
 import random
+import runpy
+import subprocess
 import sys
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -346,9 +350,10 @@ def fresh(rng: random.Random, n: int) -> list[int]:
 # --- the oracle: each request run alone --------------------------------------------------------
 class Alone:
     """Greedy tokens of each prompt run alone on a default engine of the phase. One run per prompt,
-    with as many new tokens as fit: a greedy run of m tokens is the first m of a longer run (the
-    same steps, one request, one token each). A quantized case (p19 on) is held to a default engine
-    quantized the same way: its arithmetic is another on purpose."""
+    as far as its requests have asked: a greedy run of m tokens is the first m of a longer run (the
+    same steps, one request, one token each), so a request asking for more runs the prompt again,
+    further (a forward per token: most requests ask for far fewer than fit). A quantized case (p19
+    on) is held to a default engine quantized the same way: its arithmetic is another on purpose."""
 
     def __init__(self, phase: Phase):
         self.phase = phase
@@ -367,16 +372,18 @@ class Alone:
 
     def tokens(self, prompt: list[int], max_tokens: int, quantization: str | None = None) -> list[int]:
         key = (quantization, *prompt)
-        if key not in self.answers:
-            llm = self.engine(quantization)
-            if hasattr(llm, "reset_prefix_cache"):            # alone: nothing cached from the last one
-                llm.reset_prefix_cache()
-            params = SamplingParams(temperature=0, max_tokens=min(MAX_NEW_TOKENS, MAX_MODEL_LEN - len(prompt)),
-                                    ignore_eos=True)
-            with self.top_logits(quantization in NEAR_TIE) as steps:
-                self.answers[key] = llm.generate([prompt], params)[0].token_ids
-            self.top[key] = steps
+        if len(self.answers.get(key, ())) < max_tokens:
+            self.answers[key], self.top[key] = self.run(prompt, max_tokens, quantization)
         return self.answers[key][:max_tokens]
+
+    def run(self, prompt: list[int], max_tokens: int, quantization: str | None):
+        """The prompt alone: its greedy tokens, and (NEAR_TIE's modes) each step's top logits."""
+        llm = self.engine(quantization)
+        if hasattr(llm, "reset_prefix_cache"):            # alone: nothing cached from the last one
+            llm.reset_prefix_cache()
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        with self.top_logits(quantization in NEAR_TIE) as steps:
+            return llm.generate([prompt], params)[0].token_ids, steps
 
     @contextmanager
     def top_logits(self, wanted: bool):
@@ -573,15 +580,16 @@ def config_case(phase: Phase, seed: int, alone: Alone, token_bytes: int) -> list
     """Two or three calls on one engine of a random configuration (the later ones meet what the
     earlier left in the prefix cache); the problems found, each naming the call."""
     case = draw_case(seed, phase, num_workloads=random.Random(f"{seed}/calls").randint(2, 3))
-    llm, watch = build(phase, case, token_bytes)
-    try:
-        for n, workload in enumerate(case.workloads):
-            problems = judge(llm, watch, workload, run_workload(llm, watch, workload), alone)
-            if problems:
-                return [f"call {n} ({mode(workload)}): {p}" for p in problems]
-        return []
-    finally:
-        shut_down(llm)
+    with forked_processes(phase):
+        llm, watch = build(phase, case, token_bytes)
+        try:
+            for n, workload in enumerate(case.workloads):
+                problems = judge(llm, watch, workload, run_workload(llm, watch, workload), alone)
+                if problems:
+                    return [f"call {n} ({mode(workload)}): {p}" for p in problems]
+            return []
+        finally:
+            shut_down(llm)
 
 
 def shut_down(llm) -> None:
@@ -592,6 +600,71 @@ def shut_down(llm) -> None:
 
 def mode(workload: Workload) -> str:
     return "step API" if workload.step_api else "generate()"
+
+
+# --- a case's second process: forked from a server, not started afresh ----------------------------
+# A case on two ranks (p16 on) or on a prefill/decode pair (p18 on) starts a second process:
+# spawn_rank's `python -m phases.<phase>.rank SPEC`, whose interpreter spends ~5 s of CPU importing
+# torch and transformers before it builds a tiny engine (several times what the case then runs),
+# and a second or two more to exit. So the fuzzer hands that command line to a forkserver that
+# imported the phase once (one thread, safe to fork: the engine's own workers start so): the process
+# forks from it and runs the module as __main__ under spawn_rank's environment and preexec_fn. The
+# engine's code runs unchanged; a fresh interpreter per rank, the one thing left out, is
+# tests/pNN_*/test_tensor_parallel.py's (ranks started, killed and dying with rank 0; torchrun).
+FORKS = multiprocessing.get_context("forkserver")
+
+
+class ForkedProcess:
+    """subprocess.Popen([python, "-m", module, *args], env=..., preexec_fn=...), as spawn_rank calls it,
+    forked from FORKS: what the engine asks of its process (poll(), wait(), kill(), returncode)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], preexec_fn=None):
+        assert argv[1] == "-m", f"not a module run: {argv}"
+        self.args = argv
+        self.process = FORKS.Process(target=run_as_main, args=(argv[2], argv[3:], env, preexec_fn),
+                                     daemon=True)        # one left running ends with the test process
+        self.process.start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+def run_as_main(module: str, args: list[str], env: dict[str, str], preexec_fn) -> None:
+    """In the forked process: what `python -m module *args` runs, under env."""
+    os.environ.clear()
+    os.environ.update(env)
+    if preexec_fn is not None:
+        preexec_fn()
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+@contextmanager
+def forked_processes(phase: Phase):
+    """While the block runs, the phase's spawn_rank starts its process from FORKS (p16 on; before,
+    an engine starts none). parallel_state's `subprocess` is swapped, so spawn_rank's own code runs."""
+    if not phase.tensor_parallel:
+        yield
+        return
+    state = importlib.import_module(f"phases.{phase.name}.parallel_state")
+    FORKS.set_forkserver_preload([phase.package.__name__, __name__])   # no effect once the server runs
+    forked = SimpleNamespace(Popen=ForkedProcess, TimeoutExpired=subprocess.TimeoutExpired)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(state, "subprocess", forked)
+        yield
 
 
 # --- interrupts ---------------------------------------------------------------------------------
