@@ -260,13 +260,16 @@ def draw_case(seed: int, phase: Phase, num_workloads: int, ranks: bool = True) -
         case.options["mla_decode"] = random.Random(f"{seed}/mla").choice(["absorbed", "naive"])
         if case.options["mla_decode"] == "naive":     # captured on a GPU: no graph stand-in
             case.graph_batch = None
-    if ranks and phase.tensor_parallel and not pinned(seed, "p16") and not case.graph_batch and random.Random(f"{seed}/ranks").random() < 0.25:
+    if ranks and phase.tensor_parallel and not pinned(seed, "p16") and not case.graph_batch \
+            and random.Random(f"{seed}/ranks").random() < 0.25:
         case.options["tensor_parallel_size"] = 2
     if ranks and phase.disaggregated and not pinned(seed, "p18") and "tensor_parallel_size" not in case.options \
             and random.Random(f"{seed}/pd").random() < 0.1:   # a prefill process beside (p18 on; its own stream)
         case.options |= {"disaggregation": "pd", "speculative": None}   # PD refuses speculation
-    if phase.quantized and not pinned(seed, "p19") and "tensor_parallel_size" not in case.options:   # (p19 on; its own streams). Not on two
-        quant = random.Random(f"{seed}/quant")      # ranks: each quantizes its own slices, which one rank does not
+    # 8-bit Linears (p19 on; streams of their own). Not on two ranks: each quantizes its own slices,
+    # which one rank does not.
+    if phase.quantized and not pinned(seed, "p19") and "tensor_parallel_size" not in case.options:
+        quant = random.Random(f"{seed}/quant")
         if quant.random() < 0.2:
             case.options["quantization"] = quant.choice(["w8a8", "w8a8-nosmooth", "fp8"])
     return with_workloads(case, rng, phase, num_workloads)
