@@ -334,15 +334,8 @@ def cell(m: dict, key: str, fmt: str) -> str:
     return format(m[key], fmt) if key in m else "–"
 
 
-def source(recs: list[dict], file: str) -> str:
-    r = recs[0]
-    return (f"\n\n_Source: `results/{r['phase']}/{file}` ({r['provenance']['make_command']}; git "
-            f"{r['provenance']['git_sha'][:7]}, run {r['run_id']}, {r['provenance']['utc'][:10]}, {r['device']}, "
-            f"{r['preset']}, median of {r['repeats']} repeats)._")
-
-
 def sources(runs: list[dict], file: str) -> str:
-    """One line for several runs of one file (a record of each): each part's commit, run, day, repeats."""
+    """One line for the runs of one file (a record of each): each part's commit, run, day, repeats."""
     r = runs[0]
     each = ", ".join(f"`PART={part_of(x)}` (git {x['provenance']['git_sha'][:7]}, run {x['run_id']}, "
                      f"{x['provenance']['utc'][:10]}, median of {x['repeats']} repeats)" for x in runs)
@@ -365,7 +358,7 @@ def acceptance_table(records: list[dict]) -> str:
             for recs in runs for r in sorted(recs, key=lambda r: r["setting"]["prompts"] != "grounded")]
     header = ["prompts", "engine", "steps drafted", "acceptance", "mean accepted len", "tokens / step", "TPOT p50 ms",
               "ITL p50 ms", "TPOT vs p12", "out tok/s vs p12"]
-    return table(header, rows) + "".join(source(recs, recs[0]["file"].rsplit("/", 1)[-1]) for recs in runs)
+    return table(header, rows) + "".join(sources(recs[:1], recs[0]["file"].rsplit("/", 1)[-1]) for recs in runs)
 
 
 def headline(records: list[dict], k: int = 4) -> str:

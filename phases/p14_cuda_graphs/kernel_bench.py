@@ -179,15 +179,16 @@ class Shape:
     head_dim: int
 
 
-SHAPES = (Shape("llama-1b", 2048, 8192, 32, 8, 64), Shape("llama-8b", 4096, 14336, 32, 8, 128))
+FUSED_SHAPES = (Shape("llama-1b", 2048, 8192, 32, 8, 64), Shape("llama-8b", 4096, 14336, 32, 8, 128))
 FUSED_CHECK_SHAPE = Shape("tiny", 96, 160, 6, 2, 16)        # awkward widths: masks in every kernel
 FUSED_TOKENS = (1, 64, 256)
 SLOTS = 4096                                           # the pool the K/V rows land in
 
 
 def fused_cases(shape: Shape, T: int, device: str, dtype: torch.dtype) -> dict:
-    """Name -> (fused call, torch call, bytes the fused kernel reads and writes). Each call gets
-    its own copy of any tensor it writes in place, so the two sides can be compared after."""
+    """Name -> (fused call, torch call, bytes the fused kernel reads and writes, the pairs of tensors
+    the two write in place). Each call gets its own copy of what it writes, so the two sides can be
+    compared after."""
     g = torch.Generator(device="cpu").manual_seed(T)
     rand = lambda *size: torch.randn(*size, generator=g).to(device, dtype)     # noqa: E731
     item = torch.tensor([], dtype=dtype).element_size()
@@ -234,7 +235,7 @@ def check_fused(device: str, dtype: torch.dtype) -> list[dict]:
     """Each fused kernel against its torch ops on awkward and real widths: outputs and whatever
     it writes in place (the stream, the rotated q, the pool's slots)."""
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    shapes = (FUSED_CHECK_SHAPE,) + (SHAPES if device == "cuda" else ())
+    shapes = (FUSED_CHECK_SHAPE,) + (FUSED_SHAPES if device == "cuda" else ())
     results = []
     for shape in shapes:
         for T in (1, 7):
@@ -252,7 +253,7 @@ def check_fused(device: str, dtype: torch.dtype) -> list[dict]:
 def time_fused(device: str, copy_bytes_per_s: float) -> list[dict]:
     """Every kernel, shape and T: fused against torch, microseconds and the fused side's GB/s."""
     results = []
-    for shape in SHAPES:
+    for shape in FUSED_SHAPES:
         for T in FUSED_TOKENS:
             for name, (fused, ref, nbytes, _) in fused_cases(shape, T, device, torch.bfloat16).items():
                 us = {"fused": timed_us(fused)[0], "torch": timed_us(ref)[0]}
