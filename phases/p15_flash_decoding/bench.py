@@ -34,6 +34,11 @@ def kernel(argv: list[str], make_command: str) -> None:
     kernel_main(argv, make_command)
 
 
+def kernel_tune(argv: list[str], make_command: str) -> None:
+    from .kernel_bench import main as kernel_main
+    kernel_main([*argv, "--tune"], make_command)
+
+
 def long_context(preset: str) -> list[list[str]]:
     """Batch 1 at each context: one request whose prompt is that long."""
     return [["--workload", "latency", "--presets", preset, "--prompt-len", str(n), "--repeats", LONG_REPEATS,
@@ -46,6 +51,7 @@ def standard(workload: str, preset: str, *extra: str) -> list[list[str]]:
 
 GPU_PARTS = {
     "kernel": kernel,
+    "kernel-tune": kernel_tune,
     "long": long_context("llama-1b"),
     "long-8b": long_context("llama-8b"),
     "latency": standard("latency", "llama-1b"),

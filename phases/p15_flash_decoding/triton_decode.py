@@ -141,6 +141,11 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, stride_os, st
     tl.store(out_ptr + b * stride_outb + h * stride_outh + dims, out.to(out_ptr.dtype.element_ty))
 
 
+def launch_options(num_warps: int, num_stages: int) -> dict:
+    """Triton's launch options; the interpreter runs a program as plain Python and takes none."""
+    return {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
+
+
 def alloc_scratch(batch: int, heads: int, num_splits: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial outputs (B, H, S, D), LSEs (B, H, S)), fp32. Allocate once for the largest batch and
     split count a graph will use: any leading (B, H, S) corner of them serves a smaller call."""
@@ -161,7 +166,8 @@ def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, 
 
 def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_tables: torch.Tensor,
                    context_lens: torch.Tensor, num_splits: int = 1, block_n: int = 64, out: torch.Tensor | None = None,
-                   scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   scratch: tuple[torch.Tensor, torch.Tensor] | None = None, num_warps: int = 4,
+                   num_stages: int = 3) -> torch.Tensor:
     """Decode attention of q (B, H, D) over each sequence's first context_lens[b] keys, split S ways.
 
     No host reads of device data, and grids of (B, KV, S) and (B, H): capturable in a CUDA graph.
@@ -189,7 +195,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_tables.stride(0),
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
         G=G, D=D, PAGE=page, S=num_splits, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
-        UPCAST=INTERPRETED, WRITE_LSE=num_splits > 1)
+        UPCAST=INTERPRETED, WRITE_LSE=num_splits > 1, **launch_options(num_warps, num_stages))
     if num_splits > 1:
         combine_splits(o, lse, out, num_splits)
     return out

@@ -37,6 +37,11 @@ def kernel(argv: list[str], make_command: str) -> None:
     kernel_main(argv, make_command)
 
 
+def kernel_tune(argv: list[str], make_command: str) -> None:
+    from .kernel_bench import main as kernel_main
+    kernel_main([*argv, "--tune"], make_command)
+
+
 def long_context(workload: str, contexts: tuple[int, ...], *extra: str) -> list[list[str]]:
     return [["--workload", workload, "--presets", "mla-lite", "--prompt-len", str(n), *extra,
              "--file", f"long-{workload}", "--engines", MLA_ENGINES] for n in contexts]
@@ -70,6 +75,7 @@ GPU_PARTS = {
     "long-64": long_context("concurrency", (4096,), "--concurrency", "64",
                             "--engine-options", f"kv_cache_bytes={10 << 30}"),
     "kernel": kernel,
+    "kernel-tune": kernel_tune,
     "kv-bytes": kv_bytes,
     "latency": [["--workload", "latency", "--presets", "llama-1b",
                  "--engines", ",".join([PREVIOUS, f"{PREVIOUS}#2", ENGINE])]],

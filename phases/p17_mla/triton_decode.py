@@ -143,6 +143,11 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, stride_os, st
     tl.store(out_ptr + b * stride_outb + h * stride_outh + dims, out.to(out_ptr.dtype.element_ty))
 
 
+def launch_options(num_warps: int, num_stages: int) -> dict:
+    """Triton's launch options; the interpreter runs a program as plain Python and takes none."""
+    return {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
+
+
 def alloc_scratch(batch: int, heads: int, num_splits: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial outputs (B, H, S, D), LSEs (B, H, S)), fp32. Allocate once for the largest batch and
     split count a graph will use: any leading (B, H, S) corner of them serves a smaller call."""

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits
+from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits, launch_options
 
 BLOCK_N = 32                 # cached rows per tile: 32 x 576 bf16 = 36 KB, one tile in flight per stage
 # One latent "KV head": at batch 1 there is one program per split, so p15's cap of 64 splits (set
@@ -90,7 +90,8 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N) -> torch.Tensor:
+                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N, num_warps: int = 4,
+                  num_stages: int = 3) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
     No host read of device data, grids (B, S) and (B, H): capturable in a CUDA graph."""
     B, H, W = q.shape
@@ -110,7 +111,7 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
         H=H, R=rank, P=rope, PAGE=page, S=num_splits, BLOCK_H=max(16, triton.next_power_of_2(H)),
         BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_N=block_n, UPCAST=INTERPRETED,
-        WRITE_LSE=num_splits > 1)
+        WRITE_LSE=num_splits > 1, **launch_options(num_warps, num_stages))
     if num_splits > 1:
         combine_splits(o, lse, out, num_splits)
     return out
