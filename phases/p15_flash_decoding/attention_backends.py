@@ -145,7 +145,8 @@ class TritonAttention(TorchAttention):
         if self.num_sms is None:
             self.num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count \
                 if q.is_cuda else self.INTERPRETER_SMS
-        return self.choose_num_splits(q.shape[0], k_pages.shape[2], self.num_sms, step.max_context_len)
+        return self.choose_num_splits(q.shape[0], k_pages.shape[2], self.num_sms, step.max_context_len,
+                                      q.shape[-1])
 
     def prepare(self, step) -> None:
         if step.is_prefill:                    # the reference's prefill indexes the block table;

@@ -136,7 +136,7 @@ def time_grid(device: str, copy_bytes_per_s: float, preset: str, D: int) -> list
     results = []
     for context, B, page in ((c, b, p) for c in CONTEXTS for b in BATCHES for p in PAGES):
         if 2 * B * context * KV * D * 2 <= MAX_KV_BYTES:
-            splits = choose_num_splits(B, KV, sms, context)
+            splits = choose_num_splits(B, KV, sms, context, D)
             results += time_case(device, preset, D, B, context, page, splits, copy_bytes_per_s)
     return results
 
@@ -186,7 +186,7 @@ def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
         q, k_pages, v_pages, _, table, lens = random_case(B, H, KV, D, 16, [context] * B, device, torch.bfloat16)
         kv_bytes = 2 * B * context * KV * D * 2
         for block_n, warps, stages in TUNE_LAUNCH:
-            splits = sorted({min(choose_num_splits(B, KV, sms, context, block_n, waves=w, max_splits=1024), 1024)
+            splits = sorted({choose_num_splits(B, KV, sms, context, D, block_n, waves=w, max_splits=1024)
                              for w in TUNE_WAVES})
             for S in splits:
                 def call():

@@ -154,7 +154,8 @@ class TritonAttention(TorchAttention):
         return self.num_sms
 
     def splits(self, q, k_pages, step) -> int:
-        return self.choose_num_splits(q.shape[0], k_pages.shape[2], self.sm_count(q), step.max_context_len)
+        return self.choose_num_splits(q.shape[0], k_pages.shape[2], self.sm_count(q), step.max_context_len,
+                                      q.shape[-1])
 
     def prepare(self, step) -> None:
         if step.is_prefill:                    # the reference's prefill indexes the block table;

@@ -113,7 +113,7 @@ def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
         q, pool, table, lens, _ = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
         row_bytes = B * context * (RANK + ROPE) * 2
         for block_n, warps, stages in TUNE_LAUNCH:
-            for S in sorted({choose_num_splits(B, 1, sms, context, block_n, waves=w, max_splits=1024)
+            for S in sorted({choose_num_splits(B, 1, sms, context, block_n=block_n, waves=w, max_splits=1024)
                              for w in TUNE_WAVES}):
                 def call():
                     return latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, S, block_n, num_warps=warps,

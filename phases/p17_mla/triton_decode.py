@@ -43,9 +43,32 @@ import triton.language as tl
 # Under TRITON_INTERPRET=1 (CPU) the interpreter computes bf16 wrongly: loads are cast to fp32.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
-MAX_SPLITS = 64            # more partials than this cost more to combine than they gain
+MAX_SPLITS = 128           # more partials than this cost more to combine than they gain
 MIN_TILES_PER_SPLIT = 4    # a split shorter than this is mostly prologue (q load) and epilogue (stores)
-TARGET_WAVES = 2           # programs per SM the split count aims for
+SPLIT_BLOCK_N = 64         # keys per tile when splitting (the split rule counts tiles of this size)
+IN_FLIGHT_BYTES = 128 << 10  # K/V tile bytes the split count aims to keep loading on each SM
+
+# (block_n, num_warps, num_stages) by head dim and regime, from `make phase-15 bench PART=kernel-tune`
+# on an H200 (kernel-tune-h200.json in its results). Splitting (S > 1) at head dim 64:
+# two warps per program, so more programs fit an SM; one split (a full batch) at head dim 64: tiles
+# of 128 keys, each program's loads as long as llama-8b's. Triton's defaults (4 warps, 3 stages)
+# were within 1% of the best at head dim 128.
+LAUNCH = {(64, True): (64, 2, 3), (64, False): (128, 4, 3)}
+LAUNCH_DEFAULT = (64, 4, 3)
+
+
+def launch_config(head_dim: int, num_splits: int) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) for a head dim at a split count."""
+    return LAUNCH.get((head_dim, num_splits > 1), LAUNCH_DEFAULT)
+
+
+def target_waves(head_dim: int, block_n: int = SPLIT_BLOCK_N) -> int:
+    """Programs per SM the split count aims for: enough that IN_FLIGHT_BYTES of K/V tiles load at
+    once (memory latency x bandwidth: an SM's share of HBM needs ~100 KB in flight). One program
+    loads a K and a V tile of block_n x head_dim bf16: 16 KB at head dim 64 (-> 8 programs an SM),
+    32 KB at 128 (-> 4). The kernel-tune sweep: llama-1b at batch 1 / 32k ran 48% of copy at 2
+    waves, 65% at 4, 75% at 8; llama-8b 74% at 2, 86% at 4, 79% at 8."""
+    return max(1, IN_FLIGHT_BYTES // (2 * block_n * head_dim * 2))
 
 
 @triton.jit
@@ -175,17 +198,22 @@ def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, 
 
 
 def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_tables: torch.Tensor,
-                   context_lens: torch.Tensor, num_splits: int = 1, block_n: int = 64, out: torch.Tensor | None = None,
-                   scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   context_lens: torch.Tensor, num_splits: int = 1, block_n: int | None = None,
+                   out: torch.Tensor | None = None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Decode attention of q (B, H, D) over each sequence's first context_lens[b] keys, split S ways.
 
     No host reads of device data, and grids of (B, KV, S) and (B, H): capturable in a CUDA graph.
     `out` (B, H, D) may be given; `scratch` (from alloc_scratch, at least (B, H, S, D) and (B, H, S))
     should be under a graph, so that every replay writes the same memory (unused with S = 1).
+    block_n, num_warps, num_stages: launch_config's unless given (the tune sweep gives them).
     """
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape
     G = H // KV
+    tuned = launch_config(D, num_splits)
+    block_n, num_warps, num_stages = (given or default for given, default
+                                      in zip((block_n, num_warps, num_stages), tuned))
     assert H % KV == 0 and num_splits >= 1 and block_n >= 16 and block_n & (block_n - 1) == 0
     assert k_pages.stride() == v_pages.stride() and k_pages.stride(-1) == 1 and q.stride(-1) == 1
     assert D & (D - 1) == 0, f"head_dim {D} must be a power of two"
@@ -210,32 +238,35 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     return out
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, num_sms: int, max_context_len: int, block_n: int = 64,
-                      waves: int = TARGET_WAVES, min_tiles: int = MIN_TILES_PER_SPLIT,
+def choose_num_splits(batch: int, num_kv_heads: int, num_sms: int, max_context_len: int, head_dim: int = 128,
+                      block_n: int = SPLIT_BLOCK_N, waves: int | None = None, min_tiles: int = MIN_TILES_PER_SPLIT,
                       max_splits: int = MAX_SPLITS) -> int:
     """How many splits S: enough programs to fill the GPU, none of them too short.
 
       1. B * KV programs already fill the SMs (>= num_sms): S = 1, nothing to gain but a combine.
-      2. Otherwise aim for `waves` programs per SM: S = ceil(waves * num_sms / (B * KV)).
+      2. Otherwise aim for `waves` programs per SM (target_waves: 8 at head dim 64, 4 at 128):
+         S = ceil(waves * num_sms / (B * KV)).
       3. No split shorter than `min_tiles` tiles of the longest context:
          S <= max(1, floor(ceil(max_context_len / block_n) / min_tiles)); and S <= max_splits.
       4. Trim S to the splits the longest context actually fills: with t tiles and
          ceil(t / S) tiles per split, only ceil(t / ceil(t / S)) splits hold keys.
 
-    Defaults: waves 2, min_tiles 4 (256 keys at block_n 64, cf. vLLM v2's 512-token partitions),
-    max_splits 64. For llama-8b (KV = 8) on 132 SMs at block_n 64:
-      batch 1:  8 programs; step 2 asks ceil(264 / 8) = 33 splits;
-                32k context: 512 tiles, cap 128, 33 -> 16 tiles per split -> trimmed to 32 (256 programs);
+    Defaults: min_tiles 4 (256 keys at block_n 64, cf. vLLM v2's 512-token partitions), max_splits
+    128. For llama-8b (KV = 8, head dim 128: 4 waves) on 132 SMs at block_n 64:
+      batch 1:  8 programs; step 2 asks ceil(528 / 8) = 66 splits;
+                32k context: 512 tiles, cap 128, 66 -> 8 tiles per split -> trimmed to 64 (512 programs);
                 4k context:  64 tiles, cap 16 -> S = 16 (128 programs, 4 tiles each);
                 1k context:  16 tiles, cap 4  -> S = 4; 128 keys: S = 1.
       batch 64: 512 programs >= 132 SMs -> S = 1 (the one-program kernel, no combine).
-    In between, batch 8 at 32k: 64 programs -> S = ceil(264 / 64) = 5 (t = 512: 103 tiles each, 5 full).
+    In between, batch 8 at 32k: 64 programs -> S = ceil(528 / 64) = 9 (t = 512: 57 tiles each, 9 full).
+    llama-1b (head dim 64: 8 waves) at batch 1 / 32k: ceil(1056 / 8) = 132, capped at 128.
     Under a CUDA graph S is frozen at capture: pass the longest context the graph may serve
     (max_model_len); shorter sequences then fill fewer splits and the rest exit at once.
     """
     programs = batch * num_kv_heads
     if programs >= num_sms:
         return 1
+    waves = target_waves(head_dim, block_n) if waves is None else waves
     splits = math.ceil(waves * num_sms / programs)
     tiles = max(1, math.ceil(max_context_len / block_n))
     splits = max(1, min(splits, tiles // min_tiles, max_splits))

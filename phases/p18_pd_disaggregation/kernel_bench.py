@@ -28,6 +28,7 @@ from common.device import device_name                     # noqa: E402
 from common.results import RESULTS, device_tag, provenance, write_records   # noqa: E402
 
 from .mla import latent_decode_reference                  # noqa: E402
+from .triton_decode import choose_num_splits              # noqa: E402
 from .triton_mla import choose_latent_splits, latent_decode   # noqa: E402
 
 PHASE = __package__.split(".")[-1]
@@ -95,9 +96,59 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
     return results
 
 
+# The sweep the launch constants come from (`make phase-NN bench PART=kernel-tune`): batch 1 at 32k
+# rows (the goal's shape), batch 4 at 32k and batch 64 at 4k, every launch configuration at the
+# split counts of 1, 2, 4 and 8 waves.
+TUNE_SHAPES = ((1, 32768), (4, 32768), (64, 4096))
+TUNE_LAUNCH = [(n, w, st) for n in (16, 32, 64) for w in (4, 8) for st in (1, 2, 3)]
+TUNE_WAVES = (1, 2, 4, 8)
+
+
+def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
+    """Every (block_n, num_warps, num_stages) x split count on TUNE_SHAPES."""
+    import triton.testing
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    results = []
+    for B, context in TUNE_SHAPES:
+        q, pool, table, lens, _ = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
+        row_bytes = B * context * (RANK + ROPE) * 2
+        for block_n, warps, stages in TUNE_LAUNCH:
+            for S in sorted({choose_num_splits(B, 1, sms, context, block_n=block_n, waves=w, max_splits=1024)
+                             for w in TUNE_WAVES}):
+                def call():
+                    return latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, S, block_n, num_warps=warps,
+                                         num_stages=stages)
+                try:
+                    us = 1e3 * triton.testing.do_bench_cudagraph(call, rep=20, return_mode="median")
+                except Exception as e:           # a configuration that does not compile (shared memory)
+                    print(f"[tune] n={block_n} w={warps} st={stages} S={S}: {type(e).__name__}", flush=True)
+                    continue
+                frac = row_bytes / (us * 1e-6) / copy_bytes_per_s
+                results.append({"engine": "triton", "preset": "mla-lite", "timer": "cudagraph",
+                                "setting": {"batch": B, "context": context, "page": PAGE, "heads": HEADS,
+                                            "block_n": block_n, "num_warps": warps, "num_stages": stages,
+                                            "num_splits": S},
+                                "metrics": {"us": us, "copy_frac": frac}})
+                print(f"[tune] B={B} ctx={context} n={block_n} w={warps} st={stages} S={S}: "
+                      f"{us:8.1f} us {100 * frac:5.1f}%", flush=True)
+        del q, pool
+        torch.cuda.empty_cache()
+        save(results)                            # after each shape: a sweep cut short keeps what it timed
+    for B, context in TUNE_SHAPES:
+        print(f"== batch {B} context {context}")
+        rows = sorted((r for r in results if (r["setting"]["batch"], r["setting"]["context"]) == (B, context)),
+                      key=lambda r: r["metrics"]["us"])
+        for r in rows[:6]:
+            s = r["setting"]
+            print(f"   n={s['block_n']:<3} w={s['num_warps']} st={s['num_stages']} S={s['num_splits']:<4} "
+                  f"{r['metrics']['us']:8.1f} us {100 * r['metrics']['copy_frac']:5.1f}%")
+    return results
+
+
 def main(argv: list[str] | None = None, make_command: str | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check-only", action="store_true", help="skip the timings")
+    p.add_argument("--tune", action="store_true", help="time the launch configurations instead (GPU)")
     args, _ = p.parse_known_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -111,6 +162,12 @@ def main(argv: list[str] | None = None, make_command: str | None = None) -> None
             "device": name, "provenance": prov}
     records = [base | {"engine": "triton", "workload": "kernel-check", **c} for c in checks]
     out = RESULTS / PHASE / f"kernel-{device_tag(name)}.json"
+    if device == "cuda" and args.tune:
+        hw = roofline.measure(device)
+        path = RESULTS / PHASE / f"kernel-tune-{device_tag(name)}.json"
+        tune(device, hw["copy_bytes_per_s"],
+             lambda rows: write_records(path, [base | {"workload": "kernel-tune", "hardware": hw, **r} for r in rows]))
+        return
     if device == "cuda" and not args.check_only:
         hw = roofline.measure(device)
         records += [base | {"workload": "kernel", "hardware": hw, **r} for r in time_grid(device, hw["copy_bytes_per_s"])]

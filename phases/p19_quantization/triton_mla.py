@@ -19,19 +19,27 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits
+from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits, launch_options
 
-BLOCK_N = 32                 # cached rows per tile: 32 x 576 bf16 = 36 KB, one tile in flight per stage
-# One latent "KV head": at batch 1 there is one program per split, so p15's cap of 64 splits (set
-# for 8 KV heads: 8 x 33 programs) would leave half of an H100's 132 SMs idle. A split's partial is
-# H x r floats (32 KB for 16 heads): 256 of them are 8 MB of scratch and a short combine.
+# Launch shape from `make phase-17 bench PART=kernel-tune` on an H200
+# (kernel-tune-h200.json in its results): tiles of 32 cached rows (32 x 576 bf16 = 36 KB), 4 warps,
+# 2 stages (a tile loading while the one before is used; 3 stages ran 1-4% slower), 4 waves of
+# programs per SM. Against Triton's defaults (3 stages) and 2 waves: batch 64 / 4k 165 -> 130 us (2
+# waves meant 5 splits, 320 programs, 2.4 waves: the last wave ran 40% full), batch 1 and 4 at 32k
+# within 6%.
+BLOCK_N, NUM_WARPS, NUM_STAGES, WAVES = 32, 4, 2, 4
+# One latent "KV head": at batch 1 there is one program per split, so p15's cap of 128 splits (set
+# for 8 KV heads) would leave SMs without enough programs. A split's partial is H x r floats
+# (32 KB for 16 heads): 256 of them are 8 MB of scratch and a short combine.
 MAX_SPLITS = 256
 
 
 def choose_latent_splits(batch: int, num_sms: int, max_context_len: int) -> int:
-    """p15's rule (triton_decode.choose_num_splits) for one KV head, tiles of BLOCK_N rows, up to
-    MAX_SPLITS: batch 1 over 32k rows on 132 SMs -> 256 splits of 128 rows (4 tiles) each."""
-    return choose_num_splits(batch, 1, num_sms, max_context_len, block_n=BLOCK_N, max_splits=MAX_SPLITS)
+    """p15's rule (triton_decode.choose_num_splits) for one KV head, tiles of BLOCK_N rows, WAVES
+    programs an SM, up to MAX_SPLITS: batch 1 over 32k rows on 132 SMs -> 256 splits of 128 rows
+    (4 tiles) each; batch 64 over 4k -> 9."""
+    return choose_num_splits(batch, 1, num_sms, max_context_len, block_n=BLOCK_N, waves=WAVES,
+                             max_splits=MAX_SPLITS)
 
 
 @triton.jit
@@ -90,7 +98,8 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N) -> torch.Tensor:
+                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
+                  num_stages: int = NUM_STAGES) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
     No host read of device data, grids (B, S) and (B, H): capturable in a CUDA graph."""
     B, H, W = q.shape
@@ -110,7 +119,7 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
         H=H, R=rank, P=rope, PAGE=page, S=num_splits, BLOCK_H=max(16, triton.next_power_of_2(H)),
         BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_N=block_n, UPCAST=INTERPRETED,
-        WRITE_LSE=num_splits > 1)
+        WRITE_LSE=num_splits > 1, **launch_options(num_warps, num_stages))
     if num_splits > 1:
         combine_splits(o, lse, out, num_splits)
     return out

@@ -80,11 +80,14 @@ def test_graph_lanes_on_the_split_kernel_give_the_reference_tokens(interpreted):
 
 
 def test_split_rule_fills_the_gpu_and_never_splits_a_full_batch():
-    """llama-8b (8 KV heads) on 132 SMs: batch 1 at 32k -> 32 splits (256 programs, 2 waves);
-    4k -> 16 (no split under 4 tiles); 128 keys -> 1; batch 64 already fills the SMs -> 1."""
+    """llama-8b (8 KV heads, head dim 128) on 132 SMs: batch 1 at 32k -> 64 splits (512 programs,
+    4 waves); 4k -> 16 (no split under 4 tiles); 128 keys -> 1; batch 64 already fills the SMs -> 1.
+    llama-1b (head dim 64: half the bytes a program loads, so 8 waves): batch 1 at 32k -> 128."""
     choose = importlib.import_module("phases.p15_flash_decoding.triton_decode").choose_num_splits
-    assert [choose(1, 8, 132, n) for n in (32768, 4096, 1024, 128)] == [32, 16, 4, 1]
-    assert choose(64, 8, 132, 32768) == 1 and choose(8, 8, 132, 32768) == 5
+    assert [choose(1, 8, 132, n) for n in (32768, 4096, 1024, 128)] == [64, 16, 4, 1]
+    assert choose(64, 8, 132, 32768) == 1 and choose(8, 8, 132, 32768) == 9
+    assert [choose(1, 8, 132, n, head_dim=64) for n in (131072, 32768, 4096)] == [128, 128, 16]
+    assert choose(64, 8, 132, 32768, head_dim=64) == 1
 
 
 def test_parts_compare_the_previous_kernel_built_twice_on_long_contexts():
@@ -112,7 +115,7 @@ def test_split_equals_one_split_in_bf16_on_the_gpu(batch, context, preset_dim):
     case = kernel_bench.random_case(batch, 32, 8, preset_dim, 16, [context] * batch, "cuda", torch.bfloat16)
     q, k_pages, v_pages, tables, table, lens = case
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = decode.choose_num_splits(batch, 8, sms, context)
+    splits = decode.choose_num_splits(batch, 8, sms, context, preset_dim)
     split = decode.paged_decode(q, k_pages, v_pages, table, lens, splits)
     one = decode.paged_decode(q, k_pages, v_pages, table, lens, 1)
     rows = list(range(min(batch, 2)))
