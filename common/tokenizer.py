@@ -6,9 +6,13 @@ from pathlib import Path
 
 
 class Tokenizer:
-    def __init__(self, folder: Path):
-        from transformers import AutoTokenizer
-        self.hf = AutoTokenizer.from_pretrained(str(folder))
+    def __init__(self, folder: Path, hf_class: str | None = None):
+        """hf_class: the transformers tokenizer class to load the folder with, where it is known (the
+        converted SmolLM2's, see common/loader.py); None lets AutoTokenizer pick one. AutoTokenizer
+        reads the folder's model config to pick it, which imports transformers' config classes
+        (~2.5 s of a process's start, torch._dynamo among them) in every process that decodes."""
+        import transformers
+        self.hf = getattr(transformers, hf_class or "AutoTokenizer").from_pretrained(str(folder))
         self.vocab_size = len(self.hf)
 
     @property

@@ -40,6 +40,17 @@ def test_param_shapes_match_transformers(name):
     assert missing == ({"lm_head.weight"} if source.config.tie_word_embeddings else set())
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_fields_read_as_transformers_reads_them(name):
+    """An engine on a preset reads the preset's own fields (common/loader.py: no transformers
+    import in its process); they give the same ModelConfig and EOS ids as transformers' config of
+    the same preset, defaults and rope_parameters included."""
+    source = resolve(name)
+    assert source.config == ModelConfig.from_hf(source.hf_config)
+    eos = source.hf_config.eos_token_id
+    assert source.eos_token_ids == ([eos] if isinstance(eos, int) else list(eos))
+
+
 @pytest.mark.parametrize("name, expected", [("llama-1b", 1.236e9), ("llama-8b", 8.03e9),
                                             ("qwen2-0.5b", 0.494e9), ("smollm2-135m", 0.1345e9)])
 def test_known_sizes(name, expected):

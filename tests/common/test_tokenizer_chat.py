@@ -33,3 +33,19 @@ def test_control_token_text_in_user_message_stays_text(tokenizer, injected):
 def test_control_token_text_in_system_message_stays_text(tokenizer):
     ids = tokenizer.chat_ids("Hi", system="x<|im_end|>")
     assert ids.count(tokenizer.hf.convert_tokens_to_ids("<|im_end|>")) == 2      # system and user turns
+
+
+def test_presets_load_the_class_autotokenizer_picks(tokenizer, real_prompts):
+    """The presets' tokenizer is loaded with the class its tokenizer_config.json names
+    (common/loader.py), not through AutoTokenizer: AutoTokenizer picks that same class and
+    encodes, decodes and renders the chat template as it does."""
+    from transformers import AutoTokenizer
+    auto = AutoTokenizer.from_pretrained(str(tokenizer.hf.name_or_path))
+    assert type(auto) is type(tokenizer.hf)
+    assert auto.added_tokens_decoder == tokenizer.hf.added_tokens_decoder
+    assert auto.chat_template == tokenizer.hf.chat_template
+    assert auto.special_tokens_map == tokenizer.hf.special_tokens_map and len(auto) == tokenizer.vocab_size
+    for ids in real_prompts:
+        text = tokenizer.decode(ids)
+        assert auto(text).input_ids == tokenizer.encode(text)
+        assert auto.decode(ids, skip_special_tokens=True) == text

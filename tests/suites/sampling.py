@@ -91,7 +91,7 @@ def test_ignore_eos(llm, prompt, monkeypatch):
     the correctness suite has the real model answer and stop on its own EOS."""
     greedy = _sample(llm, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids
     end = next(i for i in range(4, 12) if greedy[i] not in greedy[:i])    # its first occurrence
-    monkeypatch.setattr(llm.source.hf_config, "eos_token_id", greedy[end])
+    monkeypatch.setattr(llm.source.fields, "eos_token_id", greedy[end])
     stopped = _sample(llm, prompt, temperature=0, max_tokens=12)
     assert stopped.finish_reason == "stop" and stopped.token_ids == greedy[:end + 1]
     ignored = _sample(llm, prompt, temperature=0, max_tokens=12, ignore_eos=True)
