@@ -8,7 +8,8 @@
 2. Time (GPU only): contexts 1k to 128k x batch 1 to 64 on the llama-1b and llama-8b attention
    shapes (32 query heads, 8 KV heads, head dim 64 and 128), pages of 16 and 128: the kernel with
    the split count it chooses ("triton"), with one split ("triton 1 split": the previous phase's
-   kernel, one program per sequence and KV head), FlashAttention 4 paged (when installed) and the
+   algorithm, one program per sequence and KV head, at this kernel's one-split launch shape),
+   FlashAttention 4 paged (when installed) and the
    torch reference (gather + SDPA, small inputs) on the same inputs, as GB/s of K/V read against
    the copy bandwidth measured in the same run. Inputs over MAX_KV_BYTES of K/V are skipped. Each call is timed inside a CUDA graph,
    replayed (triton.testing.do_bench_cudagraph): a small shape's kernel takes microseconds, less
