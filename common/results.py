@@ -144,22 +144,35 @@ def write_json(path: Path, data) -> None:
         raise
 
 
-def write_records(path: Path, records: list[dict]) -> None:
+def sweep_time(record: dict) -> str | None:
+    """When the process that wrote a run-less record started (its provenance's time)."""
+    return (record.get("provenance") or {}).get("utc")
+
+
+def write_records(path: Path, records: list[dict], sweep: bool = False) -> None:
     """Merge `records` into the file at `path`, replacing records with the same key.
 
     The result file holds each measurement's newest run. A record replaced by one of another run
     (same key, or same part and setting: part_slot) is appended to history_path(path), so a re-run
     keeps the runs before it (how far a ratio moves from run to run is itself a result). A record
-    rewritten within its own run (common.bench writes after every round) or without a run id is
-    simply replaced."""
+    rewritten within its own run (common.bench writes after every round) is simply replaced.
+
+    sweep=True (the kernel scripts: records without a run id, one provenance for the process): the
+    sweep is one run, so the file's records of its workloads from an earlier sweep (another
+    provenance time) go to history whole, even where this sweep timed other settings (a split
+    count the rule no longer picks): a file never holds rows of two sweeps side by side."""
     path.parent.mkdir(parents=True, exist_ok=True)
     old = read_list(path)
     new_runs = {record_key(r): r.get("run_id") for r in records}
     new_slots = {part_slot(r): r.get("run_id") for r in records if part_slot(r) and r.get("run_id")}
+    sweeps = {(r.get("workload"), sweep_time(r)) for r in records if sweep and not r.get("run_id")}
+    swept = {workload for workload, _ in sweeps}
 
     def replaced(r: dict) -> bool:           # by a record of another run: kept in history
-        return bool(r.get("run_id")) and (new_runs.get(record_key(r)) not in (None, r["run_id"])
-                                          or new_slots.get(part_slot(r)) not in (None, r["run_id"]))
+        if not r.get("run_id"):
+            return r.get("workload") in swept and (r.get("workload"), sweep_time(r)) not in sweeps
+        return (new_runs.get(record_key(r)) not in (None, r["run_id"])
+                or new_slots.get(part_slot(r)) not in (None, r["run_id"]))
     superseded = [r for r in old if replaced(r)]
     if superseded:
         archive = history_path(path)

@@ -166,12 +166,13 @@ def main(argv: list[str] | None = None, make_command: str | None = None) -> None
         hw = roofline.measure(device)
         path = RESULTS / PHASE / f"kernel-tune-{device_tag(name)}.json"
         tune(device, hw["copy_bytes_per_s"],
-             lambda rows: write_records(path, [base | {"workload": "kernel-tune", "hardware": hw, **r} for r in rows]))
+             lambda rows: write_records(path, [base | {"workload": "kernel-tune", "hardware": hw, **r} for r in rows],
+                                          sweep=True))
         return
     if device == "cuda" and not args.check_only:
         hw = roofline.measure(device)
         records += [base | {"workload": "kernel", "hardware": hw, **r} for r in time_grid(device, hw["copy_bytes_per_s"])]
-    write_records(out, records)
+    write_records(out, records, sweep=True)
 
 
 if __name__ == "__main__":

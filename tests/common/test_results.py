@@ -43,6 +43,21 @@ def test_records_without_a_run_id_are_simply_replaced(tmp_path):
     assert not history_path(path).exists()
 
 
+def test_a_sweep_rerun_moves_the_whole_earlier_sweep_to_history(tmp_path):
+    """Kernel sweeps carry no run id: a re-run that times other settings (a split count the rule no
+    longer picks) must not leave the earlier sweep's other rows current beside its own."""
+    path = tmp_path / "kernel-h200.json"
+
+    def swept(utc, splits, us, workload="kernel"):
+        return rec(None, us, concurrency=splits) | {"workload": workload, "provenance": {"utc": utc}}
+    write_records(path, [swept("t1", 32, 1.0), swept("t1", 64, 2.0), swept("t1", 0, 0.0, "kernel-check")], sweep=True)
+    write_records(path, [swept("t1", 32, 1.5)], sweep=True)      # the same sweep writing again: no history
+    assert not history_path(path).exists()
+    write_records(path, [swept("t2", 128, 3.0)], sweep=True)
+    assert [(r["setting"]["concurrency"], r["provenance"]["utc"]) for r in read(path)] == [(0, "t1"), (128, "t2")]
+    assert sorted(r["setting"]["concurrency"] for r in read(history_path(path))) == [32, 64]
+
+
 def test_tables_read_the_newest_run_only(tmp_path):
     path = tmp_path / "results" / "p02_next" / "concurrency-h200.json"
     write_records(path, [rec("run-a", 100.0)])
