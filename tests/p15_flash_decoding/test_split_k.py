@@ -34,6 +34,15 @@ for splits in (1, 2, 5):
     ref = kernel_bench.reference(q, kp, vp, [table[0].tolist()] * B, lens.tolist())
     errs.append((got.double() - ref).abs().max().item())
 out["lanes"] = max(errs)
+# the tuned launch shapes (launch_config: 128-key tiles at head dim 64 and one split, 64 otherwise),
+# not the 16-key tiles the checks use: contexts ending inside a tile and past one
+tuned = []
+for D, splits in ((64, 1), (64, 3), (128, 1), (128, 3)):
+    case = kernel_bench.random_case(3, 8, 2, D, 16, [1, 130, 255], "cpu", torch.float32)
+    qq, kk, vv, tables, tt, ll = case
+    got = paged_decode(qq, kk, vv, tt, ll, splits, out=torch.full_like(qq, float("nan")))
+    tuned.append((got.double() - kernel_bench.reference(qq, kk, vv, tables, ll.tolist())).abs().max().item())
+out["tuned_launch"] = max(tuned)
 opts = dict(device="cpu", dtype="float32", block_size=4, cpu_kv_cache_bytes=1 << 20)
 params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
           SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=5, ignore_eos=True)]
@@ -77,6 +86,12 @@ def test_graph_lanes_on_the_split_kernel_give_the_reference_tokens(interpreted):
     """The CPU stand-in of the graph runner (its static buffers and padded lanes, eagerly): the
     split count comes from the table's capacity (max_model_len), most splits empty."""
     assert interpreted["lanes_engine"] is True
+
+
+def test_the_tuned_launch_shapes_give_the_reference(interpreted):
+    """paged_decode at its default launch (launch_config: 128-key tiles at head dim 64 and one
+    split) over contexts of 1, 130 and 255 keys, head dims 64 and 128, 1 and 3 splits."""
+    assert interpreted["tuned_launch"] < 1e-4
 
 
 def test_split_rule_fills_the_gpu_and_never_splits_a_full_batch():
