@@ -15,6 +15,9 @@
    replayed (triton.testing.do_bench_cudagraph): a small shape's kernel takes microseconds, less
    than launching it from Python, and a launch-bound timing would measure the host, not the kernel.
    A call that cannot be captured is timed by launches, and its record says so ("timer").
+3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) at
+   the split counts of 1-8 programs an SM on TUNE_SHAPES, written to kernel-tune-<device>.json:
+   the data launch_config and target_waves are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
 from __future__ import annotations

@@ -9,6 +9,9 @@
    ("triton 1 split"), and at batch 1 and 4 the counts around the chosen one ("triton S=n": the
    data the split rule answers to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
    values a token) against the copy bandwidth measured in the same run.
+3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) at
+   the split counts of 1-8 programs an SM on TUNE_SHAPES, written to kernel-tune-<device>.json:
+   the data triton_mla's launch constants are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
 from __future__ import annotations

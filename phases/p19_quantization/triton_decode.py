@@ -211,9 +211,8 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape
     G = H // KV
-    tuned = launch_config(D, num_splits)
-    block_n, num_warps, num_stages = (given or default for given, default
-                                      in zip((block_n, num_warps, num_stages), tuned))
+    tuned_n, tuned_warps, tuned_stages = launch_config(D, num_splits)
+    block_n, num_warps, num_stages = block_n or tuned_n, num_warps or tuned_warps, num_stages or tuned_stages
     assert H % KV == 0 and num_splits >= 1 and block_n >= 16 and block_n & (block_n - 1) == 0
     assert k_pages.stride() == v_pages.stride() and k_pages.stride(-1) == 1 and q.stride(-1) == 1
     assert D & (D - 1) == 0, f"head_dim {D} must be a power of two"
