@@ -4,7 +4,8 @@
    mid-page, page sizes 1, 5 and 16, GQA groups of 1, 3, 4 and 8, head dims 16 to 128), on
    scattered page tables, with the output poisoned (NaN) before each call: every element must be
    written and within tolerance (fp32 in the interpreter: 1e-4; bf16 on a GPU: 2e-2), at 1, 2, 3
-   and 8 splits (more splits than tiles included).
+   and 8 splits (more splits than tiles included), the splits merged by the combine kernel and, at
+   8, by the split kernel's last program (fused: its done-counts must be back at 0 after).
 2. Time (GPU only): contexts 1k to 128k x batch 1 to 64 on the llama-1b and llama-8b attention
    shapes (32 query heads, 8 KV heads, head dim 64 and 128), pages of 16 and 128: the kernel with
    the split count it chooses ("triton"), with one split ("triton 1 split": the previous phase's
@@ -16,7 +17,7 @@
    than launching it from Python, and a launch-bound timing would measure the host, not the kernel.
    A call that cannot be captured is timed by launches, and its record says so ("timer").
 3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) at
-   the split counts of 1-8 programs an SM on TUNE_SHAPES, written to kernel-tune-<device>.json:
+   the split counts of 1-8 programs an SM on TUNE_SHAPES, the combine separate and fused, written to kernel-tune-<device>.json:
    the data launch_config and target_waves are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
@@ -36,13 +37,14 @@ from common import roofline                               # noqa: E402
 from common.device import device_name                     # noqa: E402
 from common.results import RESULTS, device_tag, provenance, write_records   # noqa: E402
 
-from .triton_decode import choose_num_splits, paged_decode   # noqa: E402
+from .triton_decode import alloc_counters, choose_num_splits, paged_decode   # noqa: E402
 
 PHASE = __package__.split(".")[-1]
 # (batch, query heads, kv heads, head dim, page size, context lengths): awkward on purpose
 CHECKS = [(3, 4, 2, 16, 4, [15, 1, 9]), (2, 9, 3, 64, 5, [33, 70]), (2, 8, 8, 32, 1, [11, 64]),
           (4, 32, 8, 64, 16, [1, 17, 100, 255]), (2, 32, 8, 128, 16, [129, 40])]
 CHECK_SPLITS = (1, 2, 3, 8)
+CHECK_FUSED = (8,)                  # split counts checked with the fused combine too (empty splits included)
 CONTEXTS, BATCHES = (1024, 4096, 16384, 32768, 131072), (1, 4, 16, 64)
 H, KV, PAGES = 32, 8, (16, 128)
 HEAD_DIMS = {"llama-8b": 128, "llama-1b": 64}
@@ -81,16 +83,20 @@ def reference(q, k_pages, v_pages, tables, lens) -> torch.Tensor:
 def check(device: str, dtype: torch.dtype) -> list[dict]:
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     results = []
-    for (B, heads, kv, d, page, lens), splits in ((c, s) for c in CHECKS for s in CHECK_SPLITS):
+    for (B, heads, kv, d, page, lens), splits, fused in ((c, s, f) for c in CHECKS for s in CHECK_SPLITS
+                                                         for f in (False, True) if s in CHECK_FUSED or not f):
         q, k_pages, v_pages, tables, table, lens_t = random_case(B, heads, kv, d, page, lens, device, dtype)
+        counters = alloc_counters(B, kv, device) if fused else None
         out = paged_decode(q, k_pages, v_pages, table, lens_t, splits, block_n=16,
-                           out=torch.full_like(q, float("nan")))
+                           out=torch.full_like(q, float("nan")), counters=counters)
+        ok_counts = counters is None or not counters.any()     # the last program put every count back
         err = (out.double() - reference(q, k_pages, v_pages, tables, lens).to(out.device)).abs().max().item()
-        ok = bool(torch.isfinite(out).all()) and err <= tolerance
+        ok = bool(torch.isfinite(out).all()) and err <= tolerance and bool(ok_counts)
         results.append({"setting": {"batch": B, "heads": heads, "kv_heads": kv, "head_dim": d, "page": page,
-                                    "context_lens": lens, "num_splits": splits},
+                                    "context_lens": lens, "num_splits": splits, "fused_combine": fused},
                         "metrics": {"max_abs_err": err, "tolerance": tolerance}, "ok": ok})
-        print(f"[kernel] check B={B} H={heads} KV={kv} D={d} page={page} lens={lens} splits={splits}: "
+        print(f"[kernel] check B={B} H={heads} KV={kv} D={d} page={page} lens={lens} splits={splits} "
+              f"fused={int(fused)}: "
               f"max |err| {err:.2e} ({'ok' if ok else 'FAILED'}, tolerance {tolerance:g})", flush=True)
     return results
 
@@ -176,44 +182,61 @@ def time_case(device: str, preset: str, D: int, B: int, context: int, page: int,
 
 # The sweep the launch constants come from (`make phase-NN bench PART=kernel-tune`): batch 1 at 32k
 # keys (the goal's shape), batch 1 at 4k (short: fixed costs show) and batch 64 at 4k (one split:
-# must not regress), each launch configuration at the split counts of 1, 2, 4 and 8 waves.
+# must not regress), each launch configuration at the split counts of 1, 2, 4 and 8 waves, with the
+# combine as its own kernel and fused into the split kernel's last program (at S > 1). The first
+# H200 sweep's top five of every shape used 2 or 4 warps and 2 or 3 stages but one (llama-8b at
+# batch 1 / 4k: 1 stage, 3% ahead of 2): 8 warps and 1 stage left the grid to make room for fusion.
 TUNE_SHAPES = ((1, 32768), (1, 4096), (64, 4096))
-TUNE_LAUNCH = [(n, w, st) for n in (32, 64, 128) for w in (2, 4, 8) for st in (1, 2, 3)]
+TUNE_LAUNCH = [(n, w, st) for n in (32, 64, 128) for w in (2, 4) for st in (2, 3)]
 TUNE_WAVES = (1, 2, 4, 8)
 
 
 def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
-    """Every (block_n, num_warps, num_stages) x split count on TUNE_SHAPES, both head shapes, page 16."""
+    """Every (block_n, num_warps, num_stages) x split count x combine on TUNE_SHAPES, both head
+    shapes, page 16."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     results = []
     for (preset, D), (B, context) in ((h, s) for h in HEAD_DIMS.items() for s in TUNE_SHAPES):
-        q, k_pages, v_pages, _, table, lens = random_case(B, H, KV, D, 16, [context] * B, device, torch.bfloat16)
+        case = random_case(B, H, KV, D, 16, [context] * B, device, torch.bfloat16)
+        counters = alloc_counters(B, KV, device)
         kv_bytes = 2 * B * context * KV * D * 2
         for block_n, warps, stages in TUNE_LAUNCH:
             splits = sorted({choose_num_splits(B, KV, sms, context, D, block_n, waves=w, max_splits=1024)
                              for w in TUNE_WAVES})
-            for S in splits:
-                def call():
-                    return paged_decode(q, k_pages, v_pages, table, lens, S, block_n, num_warps=warps,
-                                        num_stages=stages)
-                try:
-                    us, timer = timed_us(call)
-                except Exception as e:           # a configuration that does not compile (shared memory)
-                    print(f"[tune] {preset} n={block_n} w={warps} st={stages} S={S}: {type(e).__name__}", flush=True)
-                    continue
-                frac = kv_bytes / (us * 1e-6) / copy_bytes_per_s
-                results.append({"engine": "triton", "preset": preset, "timer": timer,
-                                "setting": {"batch": B, "context": context, "page": 16, "head_dim": D,
-                                            "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                            "num_splits": S},
-                                "metrics": {"us": us, "copy_frac": frac}})
-                print(f"[tune] {preset} B={B} ctx={context} n={block_n} w={warps} st={stages} S={S}: "
-                      f"{us:8.1f} us {100 * frac:5.1f}%", flush=True)
-        del q, k_pages, v_pages
+            for S, fused in ((S, f) for S in splits for f in (False, True) if S > 1 or not f):
+                setting = {"batch": B, "context": context, "page": 16, "head_dim": D, "block_n": block_n,
+                           "num_warps": warps, "num_stages": stages, "num_splits": S, "fused_combine": fused}
+                row = tune_one(case, setting, counters if fused else None, kv_bytes, copy_bytes_per_s)
+                if row:
+                    results.append({"engine": "triton", "preset": preset, **row})
+                print(f"[tune] {preset} B={B} ctx={context} n={block_n} w={warps} st={stages} S={S} "
+                      f"fused={int(fused)}: " + (f"{row['metrics']['us']:8.1f} us {100 * row['metrics']['copy_frac']:5.1f}%"
+                                                 f"{'' if row['ok'] else ' WRONG OUTPUT'}" if row else "does not compile"),
+                      flush=True)
+        del case
         torch.cuda.empty_cache()
         save(results)                            # after each shape: a sweep cut short keeps what it timed
     print_best(results)
     return results
+
+
+def tune_one(case, setting: dict, counters, kv_bytes: int, copy_bytes_per_s: float) -> dict | None:
+    """One launch configuration timed on one input: {"timer", "setting", "metrics"}, or None where
+    it does not compile (too much shared memory, say)."""
+    q, k_pages, v_pages, _, table, lens = case
+
+    def call():
+        return paged_decode(q, k_pages, v_pages, table, lens, setting["num_splits"], setting["block_n"],
+                            num_warps=setting["num_warps"], num_stages=setting["num_stages"], counters=counters)
+    try:
+        us, timer = timed_us(call)
+    except Exception:
+        return None
+    # after the replays, one more call checked against the default launch (fused: every last
+    # program must have seen every partial its group wrote, on the real GPU's memory ordering)
+    err = (call().float() - paged_decode(q, k_pages, v_pages, table, lens, setting["num_splits"]).float()).abs().max().item()
+    return {"timer": timer, "setting": setting, "ok": err <= 2e-2,
+            "metrics": {"us": us, "copy_frac": kv_bytes / (us * 1e-6) / copy_bytes_per_s, "max_abs_err": err}}
 
 
 def print_best(results: list[dict], top: int = 5) -> None:
@@ -221,11 +244,12 @@ def print_best(results: list[dict], top: int = 5) -> None:
     keys = sorted({(r["preset"], r["setting"]["batch"], r["setting"]["context"]) for r in results})
     for preset, B, context in keys:
         rows = sorted((r for r in results if (r["preset"], r["setting"]["batch"], r["setting"]["context"])
-                       == (preset, B, context)), key=lambda r: r["metrics"]["us"])
+                       == (preset, B, context) and r.get("ok", True)), key=lambda r: r["metrics"]["us"])
         print(f"== {preset} batch {B} context {context}")
         for r in rows[:top]:
             s = r["setting"]
             print(f"   n={s['block_n']:<4} w={s['num_warps']} st={s['num_stages']} S={s['num_splits']:<4} "
+                  f"fused={int(s.get('fused_combine', False))} "
                   f"{r['metrics']['us']:8.1f} us {100 * r['metrics']['copy_frac']:5.1f}%")
 
 

@@ -106,11 +106,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scal
                   stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                   G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, S: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-                  WRITE_LSE: tl.constexpr):
+                  WRITE_LSE: tl.constexpr, out_ptr, count_ptr, stride_outb, stride_outh,
+                  FUSE: tl.constexpr, BLOCK_S: tl.constexpr):
     """Program (b, kv, s): the G query heads of KV head kv over split s of sequence b's keys.
 
     Writes o[b, kv*G + g, s, :] = acc / l (o_ptr's dtype: fp32 scratch, or q's dtype when S == 1
     and o is the output itself) and, if WRITE_LSE, lse[b, kv*G + g, s] = m + log l.
+    FUSE: the combine without a second kernel. Each program counts itself done on count[b, kv]
+    (an atomic add, after its stores); the one that brings the count to S is the group's last, so
+    every partial of the group is written: it merges the G rows into out and resets the count to
+    0 for the next call (or graph replay).
     """
     b, kv, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + b)
@@ -139,31 +144,50 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scal
     if WRITE_LSE:
         lse = tl.where(seen, m + tl.log(l_safe), float("-inf"))
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=row_ok)
+    if FUSE:
+        tl.debug_barrier()                                    # all of this program's stores issued
+        count = count_ptr + b * tl.num_programs(1) + kv
+        if tl.atomic_add(count, 1, sem="acq_rel") == S - 1:   # release ours, acquire the others'
+            tl.store(count, 0)
+            for g in range(G):
+                _merge_row(o_ptr + b * stride_ob + (kv * G + g) * stride_oh, lse_ptr + b * stride_lb
+                           + (kv * G + g) * stride_lh, out_ptr + b * stride_outb + (kv * G + g) * stride_outh,
+                           stride_os, tl.arange(0, D), S, BLOCK_S, ".cg")
+
+
+@triton.jit
+def _merge_row(o_ptr, lse_ptr, out_ptr, stride_os, dims, S: tl.constexpr, BLOCK_S: tl.constexpr,
+               CACHE: tl.constexpr):
+    """One row: out[dims] = sum_s w_s o[s, dims] / sum_s w_s, w_s = exp(lse_s - max lse).
+
+    o_ptr, lse_ptr, out_ptr point at the row's partials (S, D), LSEs (S,) and output (D,).
+    An empty split (lse -inf) weighs 0 and its partial is not even read, so scratch that was never
+    written cannot leak in. A row with no keys at all (length 0) gets zeros. CACHE: the loads'
+    cache modifier (".cg", L2 only, where other programs of the same kernel wrote the partials).
+    """
+    splits = tl.arange(0, BLOCK_S)
+    lse = tl.load(lse_ptr + splits, mask=splits < S, other=float("-inf"), cache_modifier=CACHE)
+    full = lse > float("-inf")                                # (BLOCK_S,) splits that saw keys
+    top = tl.max(lse, axis=0)
+    top = tl.where(top > float("-inf"), top, 0.0)             # finite, so exp(-inf - top) = 0: empty weighs 0
+    w = tl.exp(lse - top)                                     # the largest split weighs 1
+    o = tl.load(o_ptr + splits[:, None] * stride_os + dims[None, :], mask=full[:, None], other=0.0,
+                cache_modifier=CACHE)                         # (BLOCK_S, D) fp32
+    total = tl.sum(w, axis=0)                                 # >= 1, or 0 when no split saw keys
+    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + dims, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _combine_kernel(o_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                     stride_outb, stride_outh, S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (b, h, d): out[b, h, dims d] = sum_s w_s o[b, h, s, dims d] / sum_s w_s,
-    w_s = exp(lse_s - max lse), over BLOCK_D of the head's dims (MLA's 512-wide latent heads are
-    merged by several programs, each holding a (BLOCK_S, BLOCK_D) tile instead of (S, 512)).
-
-    An empty split (lse -inf) weighs 0 and its partial is not even read, so scratch that was never
-    written cannot leak in. A row with no keys at all (length 0) gets zeros.
-    """
+    """Program (b, h, d): row h of sequence b merged (_merge_row) over BLOCK_D of the head's dims
+    (MLA's 512-wide latent heads are merged by several programs, each holding a (BLOCK_S, BLOCK_D)
+    tile instead of (S, 512))."""
     b, h = tl.program_id(0), tl.program_id(1)
-    splits = tl.arange(0, BLOCK_S)
     dims = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + splits, mask=splits < S, other=float("-inf"))
-    full = lse > float("-inf")                                # (BLOCK_S,) splits that saw keys
-    top = tl.max(lse, axis=0)
-    top = tl.where(top > float("-inf"), top, 0.0)             # finite, so exp(-inf - top) = 0: empty weighs 0
-    w = tl.exp(lse - top)                                     # the largest split weighs 1
-    o = tl.load(o_ptr + b * stride_ob + h * stride_oh + splits[:, None] * stride_os + dims[None, :],
-                mask=full[:, None], other=0.0)                # (BLOCK_S, D) fp32
-    total = tl.sum(w, axis=0)                                 # >= 1, or 0 when no split saw keys
-    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_outb + h * stride_outh + dims, out.to(out_ptr.dtype.element_ty))
+    _merge_row(o_ptr + b * stride_ob + h * stride_oh, lse_ptr + b * stride_lb + h * stride_lh,
+               out_ptr + b * stride_outb + h * stride_outh, stride_os, dims, S, BLOCK_S, "")
 
 
 def launch_options(num_warps: int, num_stages: int) -> dict:
@@ -177,6 +201,13 @@ def alloc_scratch(batch: int, heads: int, num_splits: int, head_dim: int, device
     partial = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=device)
     lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=device)
     return partial, lse
+
+
+def alloc_counters(batch: int, kv_heads: int, device) -> torch.Tensor:
+    """The fused combine's done-counts (B, KV), int32, zeroed once: each call's last program of a
+    group puts its count back to 0, so the buffer is zero between calls and graph replays. One
+    stream at a time: two calls in flight at once on the same counters would count each other."""
+    return torch.zeros(batch, kv_heads, dtype=torch.int32, device=device)
 
 
 COMBINE_TILE = 4096     # floats one combine program holds: p15's widest case (32 splits x 128 dims)
@@ -200,13 +231,16 @@ def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, 
 def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_tables: torch.Tensor,
                    context_lens: torch.Tensor, num_splits: int = 1, block_n: int | None = None,
                    out: torch.Tensor | None = None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                   num_warps: int | None = None, num_stages: int | None = None,
+                   counters: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention of q (B, H, D) over each sequence's first context_lens[b] keys, split S ways.
 
     No host reads of device data, and grids of (B, KV, S) and (B, H): capturable in a CUDA graph.
     `out` (B, H, D) may be given; `scratch` (from alloc_scratch, at least (B, H, S, D) and (B, H, S))
     should be under a graph, so that every replay writes the same memory (unused with S = 1).
     block_n, num_warps, num_stages: launch_config's unless given (the tune sweep gives them).
+    counters (alloc_counters, at least (B, KV)): given, the split kernel's last program of each
+    (b, kv) merges the splits itself and no combine kernel is launched (FUSE in _split_kernel).
     """
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape
@@ -218,6 +252,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     assert D & (D - 1) == 0, f"head_dim {D} must be a power of two"
     out = torch.empty_like(q) if out is None else out
     assert out.shape == q.shape and out.stride(-1) == 1
+    fuse = counters is not None and num_splits > 1
     if num_splits == 1:                                       # the partial is the answer: write it
         o, lse, stride_os = out, out, 0                       # (lse unused: WRITE_LSE is off)
     else:
@@ -226,13 +261,18 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
         assert lse.shape[0] >= B and lse.shape[1] == H and lse.shape[2] >= num_splits
         assert o.dtype == lse.dtype == torch.float32 and o.stride(-1) == 1 and lse.stride(-1) == 1
         stride_os = o.stride(2)
+    if fuse:
+        assert counters.dtype == torch.int32 and counters.is_contiguous() and counters.shape[1] == KV
+        assert counters.shape[0] >= B
     _split_kernel[(B, KV, num_splits)](
         q, k_pages, v_pages, block_tables, context_lens, o, lse, D ** -0.5,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_tables.stride(0),
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
         G=G, D=D, PAGE=page, S=num_splits, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
-        UPCAST=INTERPRETED, WRITE_LSE=num_splits > 1)
-    if num_splits > 1:
+        UPCAST=INTERPRETED, WRITE_LSE=num_splits > 1, out_ptr=out, count_ptr=counters if fuse else out,
+        stride_outb=out.stride(0), stride_outh=out.stride(1), FUSE=fuse,
+        BLOCK_S=triton.next_power_of_2(num_splits), **launch_options(num_warps, num_stages))
+    if num_splits > 1 and not fuse:
         combine_splits(o, lse, out, num_splits)
     return out
 
