@@ -1,4 +1,4 @@
-"""The two Triton kernels of an 8-bit linear on a GPU: the per-token quantizer that feeds it, and the
+"""The Triton kernels of an 8-bit linear on a GPU: the per-token quantizer that feeds it, and the
 8-bit GEMM (int8 x int8 -> int32, or e4m3 x e4m3 -> fp32) whose epilogue applies both scales and
 writes bf16.
 
@@ -10,9 +10,9 @@ writes bf16.
   the row they just computed (fused_elementwise: one kernel fewer each, no bf16 row written and
   read back); only o's input, attention's output, goes through the quantizer on its own.
 
-  w8a8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N):
+  w8a8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N) (and slice of K, below):
     acc = sum_k q[m, k] * w[n, k]                   int8: int32, exact (|acc| < 127^2 K < 2^31 for
-                                                    K < 133k); e4m3: fp32, as the tensor cores sum it
+                                                    K < 133k); e4m3: fp32, rounded as it is summed
     out = acc * x_scale[m] * w_scale[n] (+ bias)    in fp32, rounded once to out's dtype
 
 The weight stays in the Linear's (N, K) layout, row n contiguous along K: each tile reads BLOCK_N
@@ -20,8 +20,17 @@ rows of it, BLOCK_K bytes at a time. At decode (M = 1..16) the GEMM is a matrix-
 it must read the weight at the memory's bandwidth and nothing else matters, so the tile is short
 in N (more programs than SMs) and long in K (few loop trips); M is padded to 16 inside the tile,
 the tensor cores' smallest. Above that a square tile reuses each loaded weight byte over M rows.
+Two more shapes of the decode GEMM, for the sweep to weigh against the tile (gemm_config picks
+by shape, from the sweep's table):
+  split-K   the K loop cut into SPLIT_K slices, one program per (tile, slice): more programs for a
+            long K against a short N (down: N = 4096 is 256 tiles of 16 for 132 SMs). Each writes
+            its raw sums (SPLIT_K, M, N); a second small kernel adds them (int32: exactly) and
+            applies the epilogue, so the scales still multiply the whole sum, once.
+  GEMV      M <= 4 on the CUDA cores, no tl.dot: a (BLOCK_N, BLOCK_K) tile of w times a's rows,
+            multiplied in int32 and summed along K. No padding to 16 rows and BLOCK_N down to 4:
+            more, smaller programs. It takes SPLIT_K too.
 Every choice depends on shapes only (M is a graph bucket's padded batch), so a captured graph
-replays the kernel it captured. Under TRITON_INTERPRET=1 (CPU) both run in numpy: exact integers.
+replays the kernels it captured. Under TRITON_INTERPRET=1 (CPU) all run in numpy: exact integers.
 """
 from __future__ import annotations
 
@@ -77,24 +86,10 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype, qmax: float) -> tuple[tor
 
 
 @triton.jit
-def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K,
-                      stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(1), tl.program_id(0)     # n fastest: neighbours share a's rows
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)         # (BLOCK_M,)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)         # (BLOCK_N,) output channels
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_a + ks[None, :]          # (BLOCK_M, BLOCK_K)
-    w_ptrs = w_ptr + cols[None, :] * stride_w + ks[:, None]          # (BLOCK_K, BLOCK_N): w^T's tile
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)           # int32 for int8, fp32 for e4m3
-    for k in range(0, K, BLOCK_K):
-        k_ok = (k + ks) < K
-        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=(cols[None, :] < N) & k_ok[:, None], other=0.0)
-        acc += tl.dot(a, w, out_dtype=ACC)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    # the epilogue: both scales (and a bias) in fp32 registers, one rounding to the output dtype
+def _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, stride_out,
+              HAS_BIAS: tl.constexpr):
+    """acc (R, C): the full sums over K -> both scales (and a bias) in fp32 registers, one rounding
+    to out's dtype."""
     a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
     w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
     out = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
@@ -104,12 +99,111 @@ def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _finish(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
+            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """A program's sums over its slice of K. One slice: they are the whole sums, the epilogue runs
+    here. Several: raw into partial[split] (SPLIT_K, M, N), for _split_k_sum_kernel to add up."""
+    if SPLIT_K == 1:
+        _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, stride_out, HAS_BIAS)
+    else:
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        tl.store(partial_ptr + (tl.program_id(2) * M + rows[:, None]) * N + cols[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, M, N, K,
+                      k_per_split, stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
+                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The tensor cores' tile: one program per (BLOCK_M, BLOCK_N) tile of out and slice of K."""
+    pid_m, pid_n = tl.program_id(1), tl.program_id(0)     # n fastest: neighbours share a's rows
+    k_start = tl.program_id(2) * k_per_split               # this program's slice [k_start, k_end) of K
+    k_end = tl.minimum(k_start + k_per_split, K)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)         # (BLOCK_M,)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)         # (BLOCK_N,) output channels
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_a + k_start + ks[None, :]          # (BLOCK_M, BLOCK_K)
+    w_ptrs = w_ptr + cols[None, :] * stride_w + k_start + ks[:, None]          # (BLOCK_K, BLOCK_N): w^T's tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)           # int32 for int8, fp32 for e4m3
+    for k in range(k_start, k_end, BLOCK_K):
+        k_ok = (k + ks) < k_end
+        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=(cols[None, :] < N) & k_ok[:, None], other=0.0)
+        acc += tl.dot(a, w, out_dtype=ACC)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    _finish(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
+            HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _w8a8_gemv_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, M, N, K,
+                      k_per_split, stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
+                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The CUDA cores' GEMV: no tl.dot, so no 16-row padding and no 16-wide minimum in N. One
+    program per BLOCK_N output channels and slice of K, over all of a's M <= BLOCK_M rows."""
+    k_start = tl.program_id(2) * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    rows = tl.arange(0, BLOCK_M)                           # (BLOCK_M,): every row of a
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_a + k_start + ks[None, :]          # (BLOCK_M, BLOCK_K)
+    w_ptrs = w_ptr + cols[:, None] * stride_w + k_start + ks[None, :]          # (BLOCK_N, BLOCK_K): w's rows
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    for k in range(k_start, k_end, BLOCK_K):
+        k_ok = (k + ks) < k_end
+        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0).to(ACC)
+        w = tl.load(w_ptrs, mask=(cols[:, None] < N) & k_ok[None, :], other=0.0).to(ACC)
+        # products summed along K (int8: in int32, exact) into (BLOCK_M, BLOCK_N)
+        if BLOCK_M == 1:        # batch 1: (1, BLOCK_K) x (BLOCK_N, BLOCK_K), no 3-D layout to map
+            acc += tl.sum(a * w, axis=1)[None, :]
+        else:                   # (BLOCK_M, 1, BLOCK_K) x (1, BLOCK_N, BLOCK_K)
+            acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    _finish(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
+            HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _split_k_sum_kernel(partial_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, stride_out,
+                        HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """partial (SPLIT_K, M, N) -> out: the slices' sums added (int32: exactly, in any order), then
+    the same epilogue as one slice's. One program per (BLOCK_M, BLOCK_N) tile of out."""
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    ptrs = partial_ptr + rows[:, None] * N + cols[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ptrs + s * M * N, mask=mask, other=0)
+    _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, stride_out, HAS_BIAS)
+
+
+GEMV_MAX_M = 4          # the CUDA-core kernel holds every row of a in one program: 4 at the most
+SUM_BLOCK_N = 128       # _split_k_sum_kernel's tile width (its tile is (<= 16 rows, 128 columns))
+
+# Decode configs by Linear shape, from the gemm bench's sweep on an H100 (kernel_bench.py prints
+# the entries to paste, "DECODE_TABLE entries", after a GPU run): (N, K) -> ((up to M rows, config),
+# ...), bounds rising; the first bound at or above M wins, and a shape not listed (or an M past its
+# last bound) takes the rule in gemm_config. The sweep times int8; e4m3 takes the same entries (the
+# same bytes to stream). Empty until that run: the H100 records so far timed weights the L2 cache
+# held between calls (qkv and o fit in its 50 MB), which a decode step never finds there.
+DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, dict], ...]] = {}
+
+
 def gemm_config(M: int, N: int, K: int) -> dict:
-    """Tile and launch shape by the (padded) row count: a rule of shapes, never of data. At M <= 16
-    it follows the gemm bench's tile sweep on an H100 (llama-1b's and llama-8b's Linears, the
+    """Kernel, tile and launch shape by the (padded) row count and the weight's shape: a rule of
+    shapes, never of data. At M <= 16 DECODE_TABLE's entry for (N, K) if it has one; else the rule
+    from the gemm bench's tile sweep on an H100 (llama-1b's and llama-8b's Linears, the
     "triton BN=.." records): BLOCK_K = 512 (few loop trips, many bytes in flight) with BLOCK_N = 32,
-    or 16 where K is long against N (down, K = 3.5-4 N: twice the programs share its long rows)."""
+    or 16 where K is long against N (down, K = 3.5-4 N: twice the programs share its long rows).
+    A config: the kernel ("dot", the default, or "gemv"), SPLIT_K (default 1), the tile, the launch."""
     if M <= 16:
+        for max_m, config in DECODE_TABLE.get((N, K), ()):
+            if M <= max_m:
+                return dict(config)
         long_k = K >= 3 * N
         return dict(BLOCK_M=16, BLOCK_N=16 if long_k else 32, BLOCK_K=512, num_warps=4,
                     num_stages=4 if long_k else 3)
@@ -123,14 +217,30 @@ def gemm_config(M: int, N: int, K: int) -> dict:
 def w8a8_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype, config: dict | None = None) -> torch.Tensor:
     """a (M, K) int8 or e4m3, a_scale (M, 1) fp32, w (N, K) of a's dtype, w_scale (N,) fp32
-    -> (M, N) out_dtype."""
+    -> (M, N) out_dtype. With SPLIT_K > 1 a second kernel adds the slices' sums: two launches, no
+    host read and no atomics, so a CUDA graph captures it as it captures one."""
     M, K = a.shape
     N = w.shape[0]
     assert a.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K and w.dtype == a.dtype
     cfg = dict(config or gemm_config(M, N, K))
+    kernel, split = cfg.pop("kernel", "dot"), cfg.pop("SPLIT_K", 1)
+    if kernel == "gemv":
+        assert M <= GEMV_MAX_M, f"the GEMV kernel takes up to {GEMV_MAX_M} rows, not {M}"
+        cfg["BLOCK_M"] = triton.next_power_of_2(M)
+    acc = torch.int32 if a.dtype == torch.int8 else torch.float32
     out = torch.empty(M, N, dtype=out_dtype, device=a.device)
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
-    _w8a8_gemm_kernel[grid](a, w, a_scale, w_scale, w_scale if bias is None else bias, out, M, N, K,
-                            a.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-                            ACC=tl.int32 if a.dtype == torch.int8 else tl.float32, **cfg)
+    # slice s sums K's [s * k_per_split, (s + 1) * k_per_split): whole BLOCK_K steps; the last slice short or empty
+    k_per_split = triton.cdiv(triton.cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    partial = out if split == 1 else torch.empty(split, M, N, dtype=acc, device=a.device)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]), split)
+    bias_arg = w_scale if bias is None else bias
+    launch = _w8a8_gemv_kernel if kernel == "gemv" else _w8a8_gemm_kernel
+    launch[grid](a, w, a_scale, w_scale, bias_arg, out, partial, M, N, K, k_per_split, a.stride(0), w.stride(0),
+                 out.stride(0), HAS_BIAS=bias is not None, ACC=tl.int32 if acc == torch.int32 else tl.float32,
+                 SPLIT_K=split, **cfg)
+    if split > 1:
+        rows = min(16, triton.next_power_of_2(M))
+        _split_k_sum_kernel[(triton.cdiv(N, SUM_BLOCK_N), triton.cdiv(M, rows))](
+            partial, a_scale, w_scale, bias_arg, out, M, N, out.stride(0), HAS_BIAS=bias is not None,
+            SPLIT_K=split, BLOCK_M=rows, BLOCK_N=SUM_BLOCK_N, num_warps=4)
     return out
