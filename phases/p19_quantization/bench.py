@@ -6,7 +6,9 @@ says so and runs without it). What quantization must show is measured, not assum
   "gemm"         the kernels alone (kernel_bench.py): bf16 against int8 (our Triton kernel, and
                  torch._int_mm with and without its epilogue) and fp8 (torch._scaled_mm) at
                  llama-1b's and llama-8b's Linear shapes, M = 1 ... 4096, and the per-token
-                 quantizers alone; TFLOP/s and weight GB/s. On a CPU: the kernels' check only
+                 quantizers alone; TFLOP/s and weight GB/s; at M = 1, 4, 16 the decode
+                 candidates (tiles, split-K, GEMV) and the fastest per shape. On a CPU: the
+                 kernels' check only
   "accuracy"     the real SmolLM2 on a public-domain text it was not calibrated on (Chapter I of
                  Alice in Wonderland; calibration: Chapter II's opening): perplexity, and top-1
                  agreement with the float model, teacher-forced (every position sees the true

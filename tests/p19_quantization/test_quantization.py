@@ -2,6 +2,7 @@
 float reference within its error bound, the Triton kernels in the interpreter, the smoothing
 identity, the engine's tokens against a fake-quantized HF model (tests/p19_quantization/
 fake_quant.py) on tiny-llama and on the real SmolLM2, and bad settings refused."""
+import functools
 import importlib
 
 import pytest
@@ -71,20 +72,65 @@ def test_fp8_matmul_is_the_dequantized_product():
     assert torch.allclose(layer(x).double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
+# One of each decode kernel, in tiles small enough that tiny shapes take several of them: N and K
+# not multiples of the tiles, a K cut into slices whose last is short (K = 300 in 3: 128, 128, 44)
+# or empty (K = 100 in 3: 64, 36, none), GEMV tiles 4 and 8 wide (the tensor cores' least is 16).
+DECODE_VARIANTS = [dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=2),
+                   dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2),
+                   dict(kernel="gemv", BLOCK_N=4, BLOCK_K=64, num_warps=4, num_stages=1),
+                   dict(kernel="gemv", BLOCK_N=8, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=1)]
 INTERPRETED = f"""
 import json
 import torch
 from phases.{PHASE} import kernel_bench
 kernel_bench.CHECK_SHAPES = [(1, 77, 300), (17, 40, 96)]
-kernel_bench.TILES = kernel_bench.TILES[:1]
+kernel_bench.DECODE_CHECK = [((1, 37, 300), (False, True)), ((3, 21, 100), (True, False)),
+                             ((16, 20, 300), (False, False))]
+kernel_bench.CANDIDATES = {{kernel_bench.tile_name(c): c for c in {DECODE_VARIANTS!r}}}
 torch.manual_seed(0)
-print(json.dumps({{"ok": all(c["ok"] for c in kernel_bench.check("cpu"))}}))
+print(json.dumps(kernel_bench.check("cpu")))
 """
+
+
+@functools.cache
+def interpreted_checks() -> list[dict]:
+    """kernel_bench.check on CPU, once a process: the quantizer, the GEMM's rule and DECODE_VARIANTS."""
+    return run_interpreted(INTERPRETED)
 
 
 def test_triton_quantizer_and_gemm_in_the_interpreter():
     """triton_int8.py on CPU: the quantizer bit for bit, the GEMM against int64 sums (kernel_bench.check)."""
-    assert run_interpreted(INTERPRETED)["ok"]
+    failed = [c["setting"] for c in interpreted_checks() if not c["ok"]]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("variant", DECODE_VARIANTS,
+                         ids=lambda c: f"{c.get('kernel', 'dot')}-split{c.get('SPLIT_K', 1)}")
+def test_decode_variants_equal_the_exact_sums(variant):
+    """Split-K and the GEMV beside the tile: int8 equal to int64 sums + torch's epilogue, bit for bit
+    (int32 partial sums add exactly; the scales multiply the whole sum, once), e4m3 within the bf16
+    output's rounding, at M = 1, 3, 16 (the GEMV: up to 4), with and without a bias."""
+    runs = [c for c in interpreted_checks() if c["setting"].get("tile") == variant]
+    rows = {1, 3} if variant.get("kernel") == "gemv" else {1, 3, 16}
+    assert {(c["setting"]["M"], c["setting"]["bias"], c["setting"]["fp8"]) for c in runs} == \
+        {(M, bias, fp8) for M in rows for bias in (False, True) for fp8 in (False, True)}
+    for c in runs:
+        err = c["metrics"]["max_err_frac"]
+        assert (err < 1e-2 if c["setting"]["fp8"] else err == 0.0), c
+
+
+def test_decode_table_takes_a_shape_before_the_rule(monkeypatch):
+    """gemm_config: DECODE_TABLE's entry for (N, K), the first bound at or above M; the rule for
+    another shape, past the last bound, and above M = 16."""
+    triton_int8 = importlib.import_module(f"phases.{PHASE}.triton_int8")
+    gemv, split = DECODE_VARIANTS[2], DECODE_VARIANTS[1]
+    rule = {(M, K): triton_int8.gemm_config(M, 64, K) for M, K in ((8, 256), (32, 256), (1, 512))}
+    monkeypatch.setattr(triton_int8, "DECODE_TABLE", {(64, 256): ((1, gemv), (4, split))})
+    assert triton_int8.gemm_config(1, 64, 256) == gemv
+    assert triton_int8.gemm_config(2, 64, 256) == triton_int8.gemm_config(4, 64, 256) == split
+    assert {(M, K): triton_int8.gemm_config(M, 64, K) for M, K in rule} == rule
+    triton_int8.gemm_config(1, 64, 256)["BLOCK_N"] = 0                 # a copy: the table stays as it was
+    assert triton_int8.DECODE_TABLE[(64, 256)][0][1] == gemv
 
 
 def logits_of(llm, tokens):
