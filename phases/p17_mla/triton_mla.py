@@ -10,6 +10,21 @@ a program per (sequence, split) writes o_s and lse_s; the combine kernel merges 
 Per tile of BLOCK_N cached rows: scores (H, BLOCK_N) = q_lat c^T + q_pe k_pe^T (two dots: r and
 rope are powers of two apart, 512 and 64 for DeepSeek-V2), the online softmax, acc (H, r) += p c.
 
+Three variants of the launch, each a keyword of latent_decode whose default is what the engine
+runs; the kernel-tune sweep (kernel_bench.py --tune) times them against each other:
+  value_split    1 or 2 programs per (sequence, split). With 2, each computes the full W-wide
+                 scores but accumulates half the value columns (r / 2): half the (H, r) fp32
+                 accumulator (32 KB -> 16 KB a program), so more programs fit an SM (ptxas for
+                 sm_90a, 32-row tiles on 4 warps: 201 -> 146 registers a thread, 2 -> 3 programs),
+                 for twice the score dots. The pair sits side by side in the grid: the second reads
+                 the rows while the first's are still in L2.
+  partial_dtype  the split partials o_s: fp32, or bf16 (half the bytes written and read back by
+                 the combine: 16 heads x 512 x 4 bytes a split, 8 MB at 256 splits beside 37.7 MB
+                 of latents at 32k rows). The LSEs stay fp32.
+  head_tile      the query tile's rows, the heads padded up to it: 16 (the least tl.dot takes: the
+                 older mma.sync path) or 64 (Hopper's wgmma takes 64 rows: 4x the multiplies for 16
+                 heads, on the faster units; 144 KB of shared memory at 32-row tiles, one program an SM).
+
 Shapes: q (B, H, W) with the latent part first; pool (num_pages, page_size, 1, W), one layer's;
 block_tables (B, max_pages) int32; context_lens (B,) int32 on the device. Returns (B, H, r).
 """
@@ -19,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combine_splits, launch_options
+from .triton_decode import INTERPRETED, choose_num_splits, combine_splits, launch_options
 
 # Launch shape from `make phase-17 bench PART=kernel-tune` on an H200
 # (kernel-tune-h200.json in its results): tiles of 32 cached rows (32 x 576 bf16 = 36 KB), 4 warps,
@@ -28,6 +43,8 @@ from .triton_decode import INTERPRETED, alloc_scratch, choose_num_splits, combin
 # waves meant 5 splits, 320 programs, 2.4 waves: the last wave ran 40% full), batch 1 and 4 at 32k
 # within 6%.
 BLOCK_N, NUM_WARPS, NUM_STAGES, WAVES = 32, 4, 2, 4
+# The variants (module docstring) as the engine runs them, until the sweep says otherwise.
+VALUE_SPLIT, PARTIAL_DTYPE, HEAD_TILE = 1, torch.float32, 16
 # One latent "KV head": at batch 1 there is one program per split, so p15's cap of 128 splits (set
 # for 8 KV heads) would leave SMs without enough programs. A split's partial is H x r floats
 # (32 KB for 16 heads): 256 of them are 8 MB of scratch and a short combine.
@@ -35,52 +52,63 @@ MAX_SPLITS = 256
 
 
 def choose_latent_splits(batch: int, num_sms: int, max_context_len: int) -> int:
-    """p15's rule (triton_decode.choose_num_splits) for one KV head, tiles of BLOCK_N rows, WAVES
-    programs an SM, up to MAX_SPLITS: batch 1 over 32k rows on 132 SMs -> 256 splits of 128 rows
-    (4 tiles) each; batch 64 over 4k -> 9."""
-    return choose_num_splits(batch, 1, num_sms, max_context_len, block_n=BLOCK_N, waves=WAVES,
+    """p15's rule (triton_decode.choose_num_splits) for VALUE_SPLIT programs a split (one latent
+    "KV head"), tiles of BLOCK_N rows, WAVES programs an SM, up to MAX_SPLITS: batch 1 over 32k rows
+    on 132 SMs -> 256 splits of 128 rows (4 tiles) each; batch 64 over 4k -> 9."""
+    return choose_num_splits(batch, VALUE_SPLIT, num_sms, max_context_len, block_n=BLOCK_N, waves=WAVES,
                              max_splits=MAX_SPLITS)
 
 
-@triton.jit
-def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scale,
+# num_splits is an ordinary argument, not compiled in: one compile a launch shape at any split count
+@triton.jit(do_not_specialize=["num_splits"])
+def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scale, num_splits,
                          stride_qb, stride_qh, stride_pp, stride_ps, stride_tb,
                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                         H: tl.constexpr, R: tl.constexpr, P: tl.constexpr, PAGE: tl.constexpr, S: tl.constexpr,
+                         H: tl.constexpr, R: tl.constexpr, RV: tl.constexpr, P: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                          UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """Program (b, s): every head of sequence b over split s of its cached rows."""
-    b, split = tl.program_id(0), tl.program_id(1)
+    """Program (half, b, s): every head of sequence b over split s of its cached rows, accumulating
+    the RV value columns [half * RV, (half + 1) * RV): all R of them, or a half (the value split)."""
+    half, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(length, S), BLOCK_N) * BLOCK_N       # rows per split, whole tiles
+    chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N   # rows per split, whole tiles
     lo = split * chunk
     hi = tl.minimum(lo + chunk, length)
     heads = tl.arange(0, BLOCK_H)
     head_ok = heads < H
-    rdims = tl.arange(0, R)
+    vdims = half * RV + tl.arange(0, RV)                      # the value columns this program sums
     pdims = tl.arange(0, BLOCK_P)
     p_ok = pdims < P
     q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh
-    q_lat = tl.load(q_row + rdims[None, :], mask=head_ok[:, None], other=0.0)                       # (BLOCK_H, R)
+    q_v = tl.load(q_row + vdims[None, :], mask=head_ok[:, None], other=0.0)                         # (BLOCK_H, RV)
     q_pe = tl.load(q_row + R + pdims[None, :], mask=head_ok[:, None] & p_ok[None, :], other=0.0)    # (BLOCK_H, BLOCK_P)
     if UPCAST:
-        q_lat, q_pe = q_lat.to(tl.float32), q_pe.to(tl.float32)
+        q_v, q_pe = q_v.to(tl.float32), q_pe.to(tl.float32)
+    if RV < R:                                # the value split: the partner's half, scored here only
+        odims = (1 - half) * RV + tl.arange(0, RV)
+        q_o = tl.load(q_row + odims[None, :], mask=head_ok[:, None], other=0.0)                     # (BLOCK_H, RV)
+        if UPCAST:
+            q_o = q_o.to(tl.float32)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, R], tl.float32)
+    acc = tl.zeros([BLOCK_H, RV], tl.float32)
     table = table_ptr + b * stride_tb
     for start in range(lo, hi, BLOCK_N):
         rows = start + tl.arange(0, BLOCK_N)
         row_ok = rows < length
         page = tl.load(table + rows // PAGE, mask=row_ok, other=0)
-        slot = page.to(tl.int64) * stride_pp + (rows % PAGE) * stride_ps                            # (BLOCK_N,)
-        c = tl.load(pool_ptr + slot[:, None] + rdims[None, :], mask=row_ok[:, None], other=0.0)     # (BLOCK_N, R)
-        k_pe = tl.load(pool_ptr + slot[:, None] + R + pdims[None, :], mask=row_ok[:, None] & p_ok[None, :],
-                       other=0.0)                                                                  # (BLOCK_N, BLOCK_P)
+        row = pool_ptr + (page.to(tl.int64) * stride_pp + (rows % PAGE) * stride_ps)[:, None]       # (BLOCK_N, 1)
+        c = tl.load(row + vdims[None, :], mask=row_ok[:, None], other=0.0)                          # (BLOCK_N, RV)
+        k_pe = tl.load(row + R + pdims[None, :], mask=row_ok[:, None] & p_ok[None, :], other=0.0)   # (BLOCK_N, BLOCK_P)
         if UPCAST:
             c, k_pe = c.to(tl.float32), k_pe.to(tl.float32)
-        s = (tl.dot(q_lat, tl.trans(c)) + tl.dot(q_pe, tl.trans(k_pe))) * scale                     # (BLOCK_H, BLOCK_N)
-        s = tl.where(row_ok[None, :], s, float("-inf"))
+        s = tl.dot(q_v, tl.trans(c)) + tl.dot(q_pe, tl.trans(k_pe))                                # (BLOCK_H, BLOCK_N)
+        if RV < R:
+            c_o = tl.load(row + odims[None, :], mask=row_ok[:, None], other=0.0)                    # (BLOCK_N, RV)
+            if UPCAST:
+                c_o = c_o.to(tl.float32)
+            s += tl.dot(q_o, tl.trans(c_o))
+        s = tl.where(row_ok[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -90,34 +118,42 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
     seen = l > 0                                                  # False only for an empty split
     l_safe = tl.where(seen, l, 1.0)
     o = acc / l_safe[:, None]
-    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + rdims[None, :],
+    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + vdims[None, :],
              o.to(o_ptr.dtype.element_ty), mask=head_ok[:, None])
-    if WRITE_LSE:
+    # the LSE: one of a value-split pair writes it (their scores agree to fp32 rounding: the pair
+    # adds its dots in the other order)
+    if WRITE_LSE and half == 0:
         lse = tl.where(seen, m + tl.log(l_safe), float("-inf"))
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_ok)
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                  num_stages: int = NUM_STAGES) -> torch.Tensor:
+                  num_stages: int = NUM_STAGES, value_split: int = VALUE_SPLIT,
+                  partial_dtype: torch.dtype = PARTIAL_DTYPE, head_tile: int = HEAD_TILE) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
-    No host read of device data, grids (B, S) and (B, H): capturable in a CUDA graph."""
+    value_split, partial_dtype, head_tile: the variants (module docstring). No host read of device
+    data, grids (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
     B, H, W = q.shape
     page = pool.shape[1]
     rope = W - rank
     assert pool.shape[2] == 1 and pool.shape[3] == W and pool.stride(-1) == 1 and q.stride(-1) == 1
     assert rank & (rank - 1) == 0 and rank >= 16, f"kv_lora_rank {rank} must be a power of two >= 16"
+    assert value_split in (1, 2) and rank // value_split >= 16
+    assert head_tile >= 16 and head_tile & (head_tile - 1) == 0
     out = torch.empty(B, H, rank, dtype=q.dtype, device=q.device)
     if num_splits == 1:
         o, lse, stride_os = out, out, 0                           # the partial is the answer
     else:
-        o, lse = alloc_scratch(B, H, num_splits, rank, q.device)
+        o = torch.empty(B, H, num_splits, rank, dtype=partial_dtype, device=q.device)
+        lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
         stride_os = o.stride(2)
-    _latent_split_kernel[(B, num_splits)](
-        q, pool, block_tables, context_lens, o, lse, scale,
+    # value_split fastest: a pair's programs start together (one reads a row from HBM, the other from L2)
+    _latent_split_kernel[(value_split, B, num_splits)](
+        q, pool, block_tables, context_lens, o, lse, scale, num_splits,
         q.stride(0), q.stride(1), pool.stride(0), pool.stride(1), block_tables.stride(0),
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
-        H=H, R=rank, P=rope, PAGE=page, S=num_splits, BLOCK_H=max(16, triton.next_power_of_2(H)),
+        H=H, R=rank, RV=rank // value_split, P=rope, PAGE=page, BLOCK_H=max(head_tile, triton.next_power_of_2(H)),
         BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_N=block_n, UPCAST=INTERPRETED,
         WRITE_LSE=num_splits > 1, **launch_options(num_warps, num_stages))
     if num_splits > 1:
