@@ -2,21 +2,24 @@
 
 1. Check: triton_mla.latent_decode against mla.latent_decode_reference in float64, on scattered
    page tables, contexts that end mid-page, 4 heads (padded to 16) and 16, rotary parts of 8
-   (padded) and 64, at 1, 2, 3 and 8 splits (more splits than tiles included); tolerance 1e-4 in
-   the interpreter (fp32), 2e-2 on a GPU (bf16).
+   (padded) and 64, at 1, 2, 3 and 8 splits (more splits than tiles included), at the engine's
+   launch and the variants the tune times (CHECK_VARIANTS); tolerance 1e-4 in the interpreter
+   (fp32), 2e-2 on a GPU (bf16) and wherever the partials are bf16.
 2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 16),
    batch 1 to 64 x contexts 1k to 32k: the split count the kernel chooses ("triton") and one split
    ("triton 1 split"), and at batch 1 and 4 the counts around the chosen one ("triton S=n": the
    data the split rule answers to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
    values a token) against the copy bandwidth measured in the same run.
-3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) at
-   the split counts of 1-8 programs an SM on TUNE_SHAPES, written to kernel-tune-<device>.json:
-   the data triton_mla's launch constants are read from.
+3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) x
+   variant (TUNE_VARIANTS: the value split, the head tile; fp32 or bf16 partials) at the split
+   counts of 1-4 programs an SM on TUNE_SHAPES, each call checked against the reference, written
+   to kernel-tune-<device>.json: the data triton_mla's launch constants are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from types import SimpleNamespace
@@ -32,12 +35,16 @@ from common.results import RESULTS, device_tag, provenance, write_records   # no
 
 from .mla import latent_decode_reference                  # noqa: E402
 from .triton_decode import choose_num_splits              # noqa: E402
-from .triton_mla import choose_latent_splits, latent_decode   # noqa: E402
+from .triton_mla import HEAD_TILE, PARTIAL_DTYPE, VALUE_SPLIT, choose_latent_splits, latent_decode   # noqa: E402
 
 PHASE = __package__.split(".")[-1]
 # (batch, heads, latent, rotary, page, context lengths): awkward on purpose
 CHECKS = [(3, 4, 32, 8, 4, [15, 1, 9]), (2, 16, 64, 16, 5, [33, 70]), (4, 16, 512, 64, 16, [1, 17, 100, 255])]
 CHECK_SPLITS = (1, 2, 3, 8)
+# triton_mla's variants checked beside its defaults ({}): each of the value split and bf16 partials
+# alone, and the 64-row head tile with both
+CHECK_VARIANTS = ({}, {"value_split": 2}, {"partial_dtype": torch.bfloat16},
+                  {"value_split": 2, "head_tile": 64, "partial_dtype": torch.bfloat16})
 CONTEXTS, BATCHES = (1024, 4096, 16384, 32768), (1, 4, 16, 64)
 SWEEP_SPLITS = (16, 32, 64, 128, 256)     # at batch 1 and 4: the split counts around the chosen one
 HEADS, RANK, ROPE, PAGE = 16, 512, 64, 16
@@ -58,21 +65,38 @@ def random_case(B, heads, rank, rope, page, lens, device, dtype):
     return q, pool, table, lens_t, SimpleNamespace(block_tables=table, context_lens=lens_t, max_context_len=max(lens))
 
 
+def variant(value_split: int = VALUE_SPLIT, head_tile: int = HEAD_TILE,
+            partial_dtype: torch.dtype = PARTIAL_DTYPE) -> dict:
+    """A variant's settings as a record stores them (the defaults filled in)."""
+    return {"value_split": value_split, "head_tile": head_tile,
+            "partial_dtype": str(partial_dtype).removeprefix("torch.")}
+
+
 def check(device: str, dtype: torch.dtype) -> list[dict]:
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     results = []
     for B, heads, rank, rope, page, lens in CHECKS:
         q, pool, table, lens_t, step = random_case(B, heads, rank, rope, page, lens, device, dtype)
         scale = (rank + rope) ** -0.5
         ref = latent_decode_reference(q.double(), pool.double(), rank, scale, step)
-        for splits in CHECK_SPLITS:
-            err = (latent_decode(q, pool, table, lens_t, rank, scale, splits).double() - ref).abs().max().item()
+        for options, splits in itertools.product(CHECK_VARIANTS, CHECK_SPLITS):
+            got = latent_decode(q, pool, table, lens_t, rank, scale, splits, **options)
+            err = (got.double() - ref).abs().max().item()
+            setting = variant(**options)
+            tolerance = 1e-4 if dtype == torch.float32 and setting["partial_dtype"] == "float32" else 2e-2
             results.append({"setting": {"batch": B, "heads": heads, "rank": rank, "rope": rope, "page": page,
-                                        "lens": lens, "num_splits": splits},
+                                        "lens": lens, "num_splits": splits, **setting},
                             "metrics": {"max_abs_err": err}, "ok": err < tolerance})
-            print(f"[kernel] check B={B} H={heads} r={rank} rope={rope} page={page} S={splits}: "
-                  f"max error {err:.2e} {'ok' if err < tolerance else 'FAILED'}", flush=True)
+            print(f"[kernel] check B={B} H={heads} r={rank} rope={rope} page={page} S={splits} "
+                  f"{describe(setting)}: max error {err:.2e} {'ok' if err < tolerance else 'FAILED'}", flush=True)
     return results
+
+
+def describe(setting: dict) -> str:
+    """A launch and variant in a line: 'n=32 w=4 st=2 v=2 h=16 bf16 S=64' (what the setting has)."""
+    names = (("block_n", "n="), ("num_warps", "w="), ("num_stages", "st="), ("value_split", "v="),
+             ("head_tile", "h="), ("partial_dtype", ""), ("num_splits", "S="))
+    return " ".join(f"{short}{setting[key]}".replace("bfloat16", "bf16").replace("float32", "fp32")
+                    for key, short in names if key in setting)
 
 
 def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
@@ -100,52 +124,87 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
 
 
 # The sweep the launch constants come from (`make phase-NN bench PART=kernel-tune`): batch 1 at 32k
-# rows (the goal's shape), batch 4 at 32k and batch 64 at 4k, every launch configuration at the
-# split counts of 1, 2, 4 and 8 waves.
+# rows (the goal's shape), batch 4 at 32k and batch 64 at 4k, every launch shape x variant at the
+# split counts of 1, 2 and 4 waves of programs.
 TUNE_SHAPES = ((1, 32768), (4, 32768), (64, 4096))
-TUNE_LAUNCH = [(n, w, st) for n in (16, 32, 64) for w in (4, 8) for st in (1, 2, 3)]
-TUNE_WAVES = (1, 2, 4, 8)
+# (block_n, num_warps, num_stages): four of the first sweep's 18 (16-64 rows x 4-8 warps x 1-3
+# stages, kernel-tune-h200.json at git b33a22f): its winners, 32 rows on 4 warps (batch 4 and 64)
+# and 64 on 8 (batch 1), and the next two, 13-33% behind on register pressure the value split
+# relieves (ptxas for sm_90a: 64 rows on 4 warps spill without it). 2 stages only: 3 ran 1-4%
+# slower, 1 slower still.
+TUNE_LAUNCH = [(32, 4, 2), (64, 8, 2), (64, 4, 2), (32, 8, 2)]
+TUNE_WAVES = (1, 2, 4)      # 8 never won (batch 4 / 32k: 256 splits 80 us, 64 splits 65 us)
+# (value_split, head_tile) (triton_mla's docstring), each with fp32 and, where S > 1, bf16 partials.
+# No 64-row tile without the value split: its (64, 512) fp32 accumulator spills at 3 of the 4 launches.
+TUNE_VARIANTS = ((1, 16), (2, 16), (2, 64))
+TUNE_PARTIALS = (torch.float32, torch.bfloat16)
+# 196 timed calls (the first sweep: 174) and 24 compiles of the split kernel, the split count not
+# compiled in (the first sweep compiled one a split count, ~100): about 3 minutes on an H200
+# (estimated: ~0.35 s a timed call, 2-3 s a compile).
+TUNE_TOLERANCE = 2e-2       # check()'s, in bf16
+
+
+def tune_settings(B: int, context: int, sms: int):
+    """(setting, latent_decode's keywords) for every launch x variant x split count x partial dtype.
+    The split counts aim for 1, 2 and 4 programs an SM, a value-split pair counting as two."""
+    for (block_n, warps, stages), (value_split, head_tile) in itertools.product(TUNE_LAUNCH, TUNE_VARIANTS):
+        splits = sorted({choose_num_splits(B, value_split, sms, context, block_n=block_n, waves=w, max_splits=1024)
+                         for w in TUNE_WAVES})
+        for S, partial in itertools.product(splits, TUNE_PARTIALS):
+            if S == 1 and partial != TUNE_PARTIALS[0]:
+                continue                         # one split writes no partials: timed once
+            options = {"num_splits": S, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+                       "value_split": value_split, "head_tile": head_tile, "partial_dtype": partial}
+            setting = {"batch": B, "context": context, "page": PAGE, "heads": HEADS, "block_n": block_n,
+                       "num_warps": warps, "num_stages": stages, **variant(value_split, head_tile, partial),
+                       "num_splits": S}
+            yield setting, options
 
 
 def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
-    """Every (block_n, num_warps, num_stages) x split count on TUNE_SHAPES."""
+    """Every launch x variant x split count on TUNE_SHAPES, each checked against the reference."""
     import triton.testing
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    scale = 192 ** -0.5
     results = []
     for B, context in TUNE_SHAPES:
-        q, pool, table, lens, _ = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
+        q, pool, table, lens, step = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
+        ref = latent_decode_reference(q.float(), pool.float(), RANK, scale, step)
         row_bytes = B * context * (RANK + ROPE) * 2
-        for block_n, warps, stages in TUNE_LAUNCH:
-            for S in sorted({choose_num_splits(B, 1, sms, context, block_n=block_n, waves=w, max_splits=1024)
-                             for w in TUNE_WAVES}):
-                def call():
-                    return latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, S, block_n, num_warps=warps,
-                                         num_stages=stages)
-                try:
-                    us = 1e3 * triton.testing.do_bench_cudagraph(call, rep=20, return_mode="median")
-                except Exception as e:           # a configuration that does not compile (shared memory)
-                    print(f"[tune] n={block_n} w={warps} st={stages} S={S}: {type(e).__name__}", flush=True)
-                    continue
-                frac = row_bytes / (us * 1e-6) / copy_bytes_per_s
-                results.append({"engine": "triton", "preset": "mla-lite", "timer": "cudagraph",
-                                "setting": {"batch": B, "context": context, "page": PAGE, "heads": HEADS,
-                                            "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                            "num_splits": S},
-                                "metrics": {"us": us, "copy_frac": frac}})
-                print(f"[tune] B={B} ctx={context} n={block_n} w={warps} st={stages} S={S}: "
-                      f"{us:8.1f} us {100 * frac:5.1f}%", flush=True)
-        del q, pool
+        for setting, options in tune_settings(B, context, sms):
+            def call():
+                return latent_decode(q, pool, table, lens, RANK, scale, **options)
+            try:
+                err = (call().float() - ref).abs().max().item()
+                us = 1e3 * triton.testing.do_bench_cudagraph(call, rep=20, return_mode="median")
+            except Exception as e:               # a configuration that does not compile (shared memory)
+                print(f"[tune] B={B} ctx={context} {describe(setting)}: {type(e).__name__}", flush=True)
+                continue
+            frac = row_bytes / (us * 1e-6) / copy_bytes_per_s
+            ok = err < TUNE_TOLERANCE
+            results.append({"engine": "triton", "preset": "mla-lite", "timer": "cudagraph", "setting": setting,
+                            "metrics": {"us": us, "copy_frac": frac, "max_abs_err": err}, "ok": ok})
+            print(f"[tune] B={B} ctx={context} {describe(setting)}: {us:8.1f} us {100 * frac:5.1f}%"
+                  f"{'' if ok else f' WRONG (max error {err:.2e})'}", flush=True)
+        del q, pool, ref
         torch.cuda.empty_cache()
         save(results)                            # after each shape: a sweep cut short keeps what it timed
-    for B, context in TUNE_SHAPES:
-        print(f"== batch {B} context {context}")
-        rows = sorted((r for r in results if (r["setting"]["batch"], r["setting"]["context"]) == (B, context)),
-                      key=lambda r: r["metrics"]["us"])
-        for r in rows[:6]:
-            s = r["setting"]
-            print(f"   n={s['block_n']:<3} w={s['num_warps']} st={s['num_stages']} S={s['num_splits']:<4} "
-                  f"{r['metrics']['us']:8.1f} us {100 * r['metrics']['copy_frac']:5.1f}%")
+    print_best(results)
     return results
+
+
+def print_best(results: list[dict], top: int = 6) -> None:
+    """Per shape: the `top` fastest correct calls, then each variant's fastest (its launch and S)."""
+    def line(r: dict) -> str:
+        return f"   {describe(r['setting']):<36} {r['metrics']['us']:8.1f} us {100 * r['metrics']['copy_frac']:5.1f}%"
+    for B, context in TUNE_SHAPES:
+        rows = sorted((r for r in results if r["ok"] and r["setting"]["batch"] == B
+                       and r["setting"]["context"] == context), key=lambda r: r["metrics"]["us"])
+        best = {}
+        for r in rows:                           # fastest first: a variant's first row is its best
+            best.setdefault(tuple(r["setting"][k] for k in ("value_split", "head_tile", "partial_dtype")), r)
+        print(f"== batch {B} context {context}", *map(line, rows[:top]), "   each variant's best:",
+              *map(line, best.values()), sep="\n")
 
 
 def main(argv: list[str] | None = None, make_command: str | None = None) -> None:
