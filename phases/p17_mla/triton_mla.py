@@ -43,8 +43,12 @@ from .triton_decode import INTERPRETED, choose_num_splits, combine_splits, launc
 # waves meant 5 splits, 320 programs, 2.4 waves: the last wave ran 40% full), batch 1 and 4 at 32k
 # within 6%.
 BLOCK_N, NUM_WARPS, NUM_STAGES, WAVES = 32, 4, 2, 4
-# The variants (module docstring) as the engine runs them, until the sweep says otherwise.
-VALUE_SPLIT, PARTIAL_DTYPE, HEAD_TILE = 1, torch.float32, 16
+# The variants (module docstring) as the engine runs them, from the H100 sweep (kernel-tune-h100.json):
+# no value split and 16-row head tiles (each lost at every shape: batch 1 / 32k 25.1 and 39.3 us
+# against 21.1); partials in the query's 16-bit dtype from BF16_PARTIALS_FROM splits on, fp32 below
+# (bf16: batch 1 / 32k 24.4 -> 21.1 us, batch 4 / 32k 69.5 -> 67.8; at batch 64 / 4k, 3-9 splits,
+# fp32 was 3-7% faster). An fp32 query (the CPU tests) keeps fp32 partials: exact as before.
+VALUE_SPLIT, HEAD_TILE, BF16_PARTIALS_FROM = 1, 16, 32
 # One latent "KV head": at batch 1 there is one program per split, so p15's cap of 128 splits (set
 # for 8 KV heads) would leave SMs without enough programs. A split's partial is H x r floats
 # (32 KB for 16 heads): 256 of them are 8 MB of scratch and a short combine.
@@ -127,10 +131,16 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_ok)
 
 
+def partials_dtype(dtype: torch.dtype, num_splits: int) -> torch.dtype:
+    """The split partials' dtype: a 16-bit query's own from BF16_PARTIALS_FROM splits on (half the
+    partial bytes, where they weigh most), else fp32."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) and num_splits >= BF16_PARTIALS_FROM else torch.float32
+
+
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
                   num_stages: int = NUM_STAGES, value_split: int = VALUE_SPLIT,
-                  partial_dtype: torch.dtype = PARTIAL_DTYPE, head_tile: int = HEAD_TILE) -> torch.Tensor:
+                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
     value_split, partial_dtype, head_tile: the variants (module docstring). No host read of device
     data, grids (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
@@ -142,6 +152,8 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
     assert value_split in (1, 2) and rank // value_split >= 16
     assert head_tile >= 16 and head_tile & (head_tile - 1) == 0
     out = torch.empty(B, H, rank, dtype=q.dtype, device=q.device)
+    if partial_dtype is None:
+        partial_dtype = partials_dtype(q.dtype, num_splits)
     if num_splits == 1:
         o, lse, stride_os = out, out, 0                           # the partial is the answer
     else:

@@ -35,7 +35,7 @@ from common.results import RESULTS, device_tag, provenance, write_records   # no
 
 from .mla import latent_decode_reference                  # noqa: E402
 from .triton_decode import choose_num_splits              # noqa: E402
-from .triton_mla import HEAD_TILE, PARTIAL_DTYPE, VALUE_SPLIT, choose_latent_splits, latent_decode   # noqa: E402
+from .triton_mla import HEAD_TILE, VALUE_SPLIT, choose_latent_splits, latent_decode, partials_dtype   # noqa: E402
 
 PHASE = __package__.split(".")[-1]
 # (batch, heads, latent, rotary, page, context lengths): awkward on purpose
@@ -66,7 +66,7 @@ def random_case(B, heads, rank, rope, page, lens, device, dtype):
 
 
 def variant(value_split: int = VALUE_SPLIT, head_tile: int = HEAD_TILE,
-            partial_dtype: torch.dtype = PARTIAL_DTYPE) -> dict:
+            partial_dtype: torch.dtype = torch.float32) -> dict:
     """A variant's settings as a record stores them (the defaults filled in)."""
     return {"value_split": value_split, "head_tile": head_tile,
             "partial_dtype": str(partial_dtype).removeprefix("torch.")}
@@ -79,6 +79,7 @@ def check(device: str, dtype: torch.dtype) -> list[dict]:
         scale = (rank + rope) ** -0.5
         ref = latent_decode_reference(q.double(), pool.double(), rank, scale, step)
         for options, splits in itertools.product(CHECK_VARIANTS, CHECK_SPLITS):
+            options = {"partial_dtype": partials_dtype(dtype, splits), **options}   # the rule's, unless named
             got = latent_decode(q, pool, table, lens_t, rank, scale, splits, **options)
             err = (got.double() - ref).abs().max().item()
             setting = variant(**options)
@@ -114,7 +115,8 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
             gb_s = row_bytes / (us * 1e-6) / 1e9
             results.append({"engine": name, "preset": "mla-lite", "timer": "cudagraph",
                             "setting": {"batch": B, "context": context, "page": PAGE, "heads": HEADS,
-                                        "num_splits": splits},
+                                        "num_splits": splits, "partial_dtype":
+                                        str(partials_dtype(torch.bfloat16, splits)).removeprefix("torch.")},
                             "metrics": {"us": us, "kv_gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s}})
             print(f"[kernel] {name:<14} B={B:<3} context={context:<6} S={splits:<3} {us:9.1f} us {gb_s:7.0f} GB/s "
                   f"({100 * results[-1]['metrics']['copy_frac']:.0f}% of copy)", flush=True)
