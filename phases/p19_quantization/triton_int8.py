@@ -184,13 +184,35 @@ def _split_k_sum_kernel(partial_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
 GEMV_MAX_M = 4          # the CUDA-core kernel holds every row of a in one program: 4 at the most
 SUM_BLOCK_N = 128       # _split_k_sum_kernel's tile width (its tile is (<= 16 rows, 128 columns))
 
-# Decode configs by Linear shape, from the gemm bench's sweep on an H100 (kernel_bench.py prints
-# the entries to paste, "DECODE_TABLE entries", after a GPU run): (N, K) -> ((up to M rows, config),
-# ...), bounds rising; the first bound at or above M wins, and a shape not listed (or an M past its
-# last bound) takes the rule in gemm_config. The sweep times int8; e4m3 takes the same entries (the
-# same bytes to stream). Empty until that run: the H100 records so far timed weights the L2 cache
-# held between calls (qkv and o fit in its 50 MB), which a decode step never finds there.
-DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, dict], ...]] = {}
+# Decode configs by Linear shape, from the gemm bench's sweep on an H100 with cold weights
+# (`make phase-19 bench PART=gemm`, gemm-h100.json; kernel_bench.py prints the entries to paste,
+# "DECODE_TABLE entries"; only where a candidate beat the rule by more than 2%, the bf16 A/A there
+# being within 0.6%): (N, K) -> ((up to M rows, config), ...), bounds rising; the first bound at or
+# above M wins, and a shape not listed (or an M past its last bound) takes the rule in gemm_config.
+# The sweep times int8; e4m3 takes the same entries (the same bytes to stream). At M = 1 the
+# CUDA-core GEMV wins every Linear of llama-1b and llama-8b but llama-1b's down (split-K there).
+DECODE_TABLE: dict[tuple[int, int], tuple[tuple[int, dict], ...]] = {
+    (3072, 2048): ((1, dict(kernel="gemv", BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1)),
+                   (16, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=3))),
+    (2048, 2048): ((1, dict(kernel="gemv", BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1)),
+                   (4, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=4)),
+                   (16, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=3))),
+    (16384, 2048): ((1, dict(kernel="gemv", BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=1)),
+                    (16, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4))),
+    (2048, 8192): ((1, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=8, num_warps=4, num_stages=4)),
+                   (4, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4)),
+                   (16, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=4))),
+    (6144, 4096): ((1, dict(kernel="gemv", BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1)),
+                   (16, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=3))),
+    (4096, 4096): ((1, dict(kernel="gemv", BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1)),
+                   (4, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=1024, num_warps=4, num_stages=3)),
+                   (16, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=4))),
+    (28672, 4096): ((1, dict(kernel="gemv", BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1)),
+                    (16, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=3))),
+    (4096, 14336): ((1, dict(kernel="gemv", BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=1)),
+                    (4, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=1024, num_warps=4, num_stages=3)),
+                    (16, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=4))),
+}
 
 
 def gemm_config(M: int, N: int, K: int) -> dict:
