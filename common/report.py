@@ -896,19 +896,22 @@ PEER_ROWS = [("latency", {"batch": 1}), ("concurrency", {"concurrency": 64}), ("
 
 
 def peer_table(records: list[dict], phase: str) -> str:
-    """Per preset and workload: this phase's engine (newest record) and the peer's (newest), each
-    median (min-max) of its own repeats. Not a ratio with an A/A range: the two ran in separate
-    processes; the table says which machine start (the UTC dates) each came from."""
+    """Per preset and workload: the peer's newest record and this phase's engine's newest on the
+    same device (a card of another kind, or the same kind without FlashAttention installed, is
+    another machine: never beside the peer), each median (min-max) of its own repeats. Not a ratio
+    with an A/A range: the two ran in separate processes; the table says which machine start (the
+    UTC dates) each came from."""
     mine = phase_engine(phase)
     rows, used = [], []
     for preset in order_presets({r["preset"] for r in select(records, phase=phase, engine=PEER)}):
         for workload, setting in PEER_ROWS:
             key = WORKLOADS[workload][0]
-            ours = standard_records(records, phase=phase, preset=preset, workload=workload, engine=mine)
-            ours = (ladder_offline(ours) if workload == "offline"      # the pool it had, said in its cell
-                    else newest([r for r in ours if _workload_setting(r) == setting]))
             peer = newest([r for r in select(records, phase=phase, preset=preset, workload=workload, engine=PEER)
                            if _workload_setting(r) == setting])
+            ours = [r for r in standard_records(records, phase=phase, preset=preset, workload=workload, engine=mine)
+                    if peer is None or r.get("device") == peer.get("device")]
+            ours = (ladder_offline(ours) if workload == "offline"      # the pool it had, said in its cell
+                    else newest([r for r in ours if _workload_setting(r) == setting]))
             used += [r for r in (ours, peer) if r]
             rows.append([preset, f"{workload} {' '.join(f'{k}={v}' for k, v in setting.items())}".strip(),
                          WORKLOADS[workload][1], spread_cell(ours, key) + (offline_set(ours) if workload == "offline" else ""),

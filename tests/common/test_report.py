@@ -583,3 +583,16 @@ def test_ladder_decode_is_the_standard_batch_1_run_not_a_long_context_one(tmp_pa
     ladder = report.ladder(report.load_records(tmp_path))
     assert "| 500 |" in ladder and "2.00× (2.00–2.00)" in ladder
     assert "| 30.0 |" not in ladder and "3.00×" not in ladder and "mla-lite" not in ladder
+
+
+def test_peer_table_sets_the_peer_beside_our_record_of_its_own_device(tmp_path):
+    """A newer run of the phase's engine on another card must not land beside the peer's number
+    (an H100 run at 8.7k tok/s once sat beside the peer's H200 19k): ours comes from the peer's device."""
+    write(tmp_path, "p14_graphs/latency-h200.json", [latency("p14_graphs", "p14", "llama-1b", 790.0)])
+    write(tmp_path, "p14_graphs/peer-h200.json", [latency("p14_graphs", "nano-vllm", "llama-1b", 598.0)])
+    newer = latency("p14_graphs", "p14", "llama-1b", 685.0, device="NVIDIA H100 80GB HBM3", run="run-z")
+    newer["provenance"] = newer["provenance"] | {"utc": "2031-01-01T00:00:00+00:00"}
+    write(tmp_path, "p14_graphs/latency-h100.json", [newer])
+    text = report.peer_table(report.load_records(tmp_path), "p14_graphs")
+    assert "| llama-1b | latency batch=1 | decode tok/s | 790 " in text
+    assert "685" not in text and "latency-h100.json" not in text
