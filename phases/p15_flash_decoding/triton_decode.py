@@ -230,6 +230,8 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     block_n, num_warps, num_stages: launch_config's unless given (the tune sweep gives them).
     counters (alloc_counters, at least (B, KV)): given, the split kernel's last program of each
     (b, kv) merges the splits itself and no combine kernel is launched (FUSE in _split_kernel).
+    The engine does not: the kernel-tune sweep measured it slower at every split shape (a few
+    programs merging after all the others beat one launch saved inside a graph).
     """
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape
