@@ -16,6 +16,8 @@ notes that no record holds. --check writes nothing and exits 1 when a RUNS.md is
 from __future__ import annotations
 
 import argparse
+import functools
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,10 @@ PREFILL_FIX = "a8a90d3"           # the 4-D SDPA prefill fix; records made befor
 # A chunk after cached keys (p11 on, torch path) stopped asking SDPA for GQA with a mask, which on a
 # GPU fell to the math kernel; records made before it prefilled such chunks that way.
 CHUNK_FIX, CHUNK_FIX_FROM = "3b58797", "p11"
+# The bench warms each engine on its part's own workload (twice) before the clock; before it, a
+# cold first round (a kernel compiled or a pool grown inside it) widened many A/A ranges.
+WARMUP_FIX = "11ac0da"
+COLD = 0.8                        # round 0 below COLD x the later rounds' median: a cold first round
 TWIN = "#2"                       # engine suffix of an A/A control's second instance: "p06#2" (common.stats)
 # A workload without a main metric in common.report.WORKLOADS: the metric its ratios use, if any.
 OTHER_METRICS = {"profile": "wall_ms_per_step", "profile-pair": "wall_ms_per_step"}
@@ -165,6 +171,7 @@ def ratio_rows(recs: list[dict], phase: str) -> list[list[str]]:
 
 
 # --- commits ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)          # one git call per (commit, fix): pages ask per record
 def after_fix(sha: str, root: Path = ROOT, fix: str = PREFILL_FIX) -> str:
     """"yes" if commit `sha` contains `fix`, "no" if not, "?" where git cannot tell."""
     sha = sha.removesuffix("-dirty")
@@ -181,6 +188,36 @@ def chunk_fix_note(sha: str, phase: str, root: Path) -> str:
     if phase[:3] < CHUNK_FIX_FROM:
         return ""
     return f"; after {CHUNK_FIX} (masked-chunk prefill): {after_fix(sha, root, CHUNK_FIX)}"
+
+
+# --- cold first rounds --------------------------------------------------------------------------
+def cold_first_round(rec: dict) -> bool | None:
+    """Whether round 0 of a record's main metric (higher is better) ran below COLD x the median
+    of its later rounds; None without three rounds of it."""
+    key = main_metric(rec.get("workload", ""))
+    values = [s.get(key) for s in rec.get("samples") or [] if isinstance(s, dict)]
+    if key is None or key.endswith("_ms") or len(values) < 3 or None in values:
+        return None
+    return values[0] < COLD * statistics.median(values[1:])
+
+
+def cold_text(recs: list[dict]) -> str:
+    """"3 of 12 records" with a cold first round, or "" where none has three rounds."""
+    flags = [f for f in map(cold_first_round, recs) if f is not None]
+    return f"{sum(flags)} of {len(flags)} records" if flags else ""
+
+
+def cold_summary(records: list[dict], history: list[dict], phase: str, root: Path) -> str:
+    """The phase's GPU records with a cold first round, before and after WARMUP_FIX."""
+    gpu = [r for r in report.select([*records, *history], phase=phase) if r["device"] != "cpu"]
+    by = {"no": [], "yes": []}
+    for rec in gpu:
+        by.setdefault(after_fix((rec.get("provenance") or {}).get("git_sha", "?"), root, WARMUP_FIX), []).append(rec)
+    parts = [f"{label}: {cold_text(by[key]) or 'none with three rounds'}"
+             for key, label in (("no", "before"), ("yes", "since"))]
+    return (f"Cold first rounds (round 0 below {COLD}x the median of the later rounds, GPU records), "
+            f"before and since {WARMUP_FIX} (the bench warms each engine on its part's own workload): "
+            + "; ".join(parts) + ".")
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -204,7 +241,10 @@ def run_section(run: str, recs: list[dict], phase: str, root: Path) -> str:
             f"{chunk_fix_note(sha, phase, root)}\n"
             f"- `{prov.get('make_command') or prov.get('command', '?')}`; "
             f"{'/'.join(map(str, repeats)) + ' rounds' if repeats else 'no repeat rounds'}; {len(recs)} records in {files}\n"
-            f"- engines: {engines}")
+            f"- engines: {engines}"
+            + (f"\n- a cold first round (below {COLD}x the later rounds' median): {cold_text(recs)}; "
+               f"after {WARMUP_FIX} (warm-up on the part's workload): {after_fix(sha, root, WARMUP_FIX)}"
+               if cold_text(recs) and recs[0]["device"] != "cpu" else ""))
     rows = ratio_rows(recs, phase)
     if not rows:
         return head + "\n- no ratios: one engine, or no repeat pairs"
@@ -218,7 +258,8 @@ def page(records: list[dict], history: list[dict], phase: str, root: Path = ROOT
                 "interleaved and repeated. *current* runs are the newest of their measurements "
                 f"(`results/{phase}/*.json`, what the README's tables show); *superseded* runs were replaced "
                 f"by a re-run and kept in `results/{phase}/history/`. Ratios: per repeat pair of one run, "
-                "median (min–max), above 1 means the first engine is better; never compare numbers across runs."]
+                "median (min–max), above 1 means the first engine is better; never compare numbers across runs.",
+                cold_summary(records, history, phase, root)]
     for part, by_run in runs(records, history, phase).items():
         sections.append(f"## PART={part}")
         sections += [run_section(run, recs, phase, root) for run, recs in by_run.items()]

@@ -89,3 +89,14 @@ def test_runs_from_p11_on_say_whether_they_have_the_masked_chunk_fix():
     assert runs.chunk_fix_note("9f6666d", "p10_review", runs.ROOT) == ""
     assert runs.chunk_fix_note("9f6666d", "p15_flash_decoding", runs.ROOT).endswith("(masked-chunk prefill): no")
     assert runs.chunk_fix_note(runs.CHUNK_FIX, "p19_quantization", runs.ROOT).endswith("(masked-chunk prefill): yes")
+
+
+def test_a_cold_first_round_is_counted_per_run():
+    """Round 0 below 0.8x the later rounds' median is a cold first round; fewer than three rounds
+    say nothing."""
+    cold = record("p02", "r", "aaaaaaa1234", "2030-01-01T10:00:00+00:00", [70.0, 100.0, 104.0])
+    warm = record("p02", "r", "aaaaaaa1234", "2030-01-01T10:00:00+00:00", [90.0, 100.0, 104.0])
+    short = record("p02", "r", "aaaaaaa1234", "2030-01-01T10:00:00+00:00", [10.0, 100.0])
+    assert runs.cold_first_round(cold) and not runs.cold_first_round(warm)
+    assert runs.cold_first_round(short) is None
+    assert runs.cold_text([cold, warm, short]) == "1 of 2 records"
