@@ -35,7 +35,8 @@ from common.results import RESULTS, device_tag, provenance, write_records   # no
 
 from .mla import latent_decode_reference                  # noqa: E402
 from .triton_decode import choose_num_splits              # noqa: E402
-from .triton_mla import HEAD_TILE, VALUE_SPLIT, choose_latent_splits, latent_decode, partials_dtype   # noqa: E402
+from .triton_mla import (HEAD_TILE, VALUE_SPLIT, choose_latent_splits, latent_decode, latent_launch,   # noqa: E402
+                         partials_dtype)
 
 PHASE = __package__.split(".")[-1]
 # (batch, heads, latent, rotary, page, context lengths): awkward on purpose
@@ -115,7 +116,7 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
             gb_s = row_bytes / (us * 1e-6) / 1e9
             results.append({"engine": name, "preset": "mla-lite", "timer": "cudagraph",
                             "setting": {"batch": B, "context": context, "page": PAGE, "heads": HEADS,
-                                        "num_splits": splits, "partial_dtype":
+                                        "num_splits": splits, "block_n": latent_launch(B)[0], "partial_dtype":
                                         str(partials_dtype(torch.bfloat16, splits)).removeprefix("torch.")},
                             "metrics": {"us": us, "kv_gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s}})
             print(f"[kernel] {name:<14} B={B:<3} context={context:<6} S={splits:<3} {us:9.1f} us {gb_s:7.0f} GB/s "

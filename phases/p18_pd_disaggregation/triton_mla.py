@@ -43,6 +43,10 @@ from .triton_decode import INTERPRETED, choose_num_splits, combine_splits, launc
 # waves meant 5 splits, 320 programs, 2.4 waves: the last wave ran 40% full), batch 1 and 4 at 32k
 # within 6%.
 BLOCK_N, NUM_WARPS, NUM_STAGES, WAVES = 32, 4, 2, 4
+# One sequence reads fastest in 64-row tiles on 8 warps, in both sweeps (H200: 20.1 against 21.9 us
+# at batch 1 / 32k; H100, bf16 partials: 21.1 against 23.6); from batch 4 on the 32-row tiles lead
+# (H100, batch 4 / 32k: 67.8 against 79.7 us).
+SINGLE_SEQUENCE_LAUNCH = (64, 8, 2)
 # The variants (module docstring) as the engine runs them, from the H100 sweep (kernel-tune-h100.json):
 # no value split and 16-row head tiles (each lost at every shape: batch 1 / 32k 25.1 and 39.3 us
 # against 21.1); partials in the query's 16-bit dtype from BF16_PARTIALS_FROM splits on, fp32 below
@@ -55,12 +59,17 @@ VALUE_SPLIT, HEAD_TILE, BF16_PARTIALS_FROM = 1, 16, 32
 MAX_SPLITS = 256
 
 
+def latent_launch(batch: int) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) for a batch: SINGLE_SEQUENCE_LAUNCH at 1, else the default."""
+    return SINGLE_SEQUENCE_LAUNCH if batch == 1 else (BLOCK_N, NUM_WARPS, NUM_STAGES)
+
+
 def choose_latent_splits(batch: int, num_sms: int, max_context_len: int) -> int:
     """p15's rule (triton_decode.choose_num_splits) for VALUE_SPLIT programs a split (one latent
-    "KV head"), tiles of BLOCK_N rows, WAVES programs an SM, up to MAX_SPLITS: batch 1 over 32k rows
-    on 132 SMs -> 256 splits of 128 rows (4 tiles) each; batch 64 over 4k -> 9."""
-    return choose_num_splits(batch, VALUE_SPLIT, num_sms, max_context_len, block_n=BLOCK_N, waves=WAVES,
-                             max_splits=MAX_SPLITS)
+    "KV head"), tiles of latent_launch's rows, WAVES programs an SM, up to MAX_SPLITS: batch 1 over
+    32k rows on 132 SMs -> 128 splits of 256 rows (4 tiles of 64) each; batch 64 over 4k -> 9."""
+    return choose_num_splits(batch, VALUE_SPLIT, num_sms, max_context_len, block_n=latent_launch(batch)[0],
+                             waves=WAVES, max_splits=MAX_SPLITS)
 
 
 # num_splits is an ordinary argument, not compiled in: one compile a launch shape at any split count
@@ -138,8 +147,8 @@ def partials_dtype(dtype: torch.dtype, num_splits: int) -> torch.dtype:
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  rank: int, scale: float, num_splits: int = 1, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                  num_stages: int = NUM_STAGES, value_split: int = VALUE_SPLIT,
+                  rank: int, scale: float, num_splits: int = 1, block_n: int | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None, value_split: int = VALUE_SPLIT,
                   partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
     value_split, partial_dtype, head_tile: the variants (module docstring). No host read of device
@@ -151,6 +160,8 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
     assert rank & (rank - 1) == 0 and rank >= 16, f"kv_lora_rank {rank} must be a power of two >= 16"
     assert value_split in (1, 2) and rank // value_split >= 16
     assert head_tile >= 16 and head_tile & (head_tile - 1) == 0
+    tuned_n, tuned_warps, tuned_stages = latent_launch(B)
+    block_n, num_warps, num_stages = block_n or tuned_n, num_warps or tuned_warps, num_stages or tuned_stages
     out = torch.empty(B, H, rank, dtype=q.dtype, device=q.device)
     if partial_dtype is None:
         partial_dtype = partials_dtype(q.dtype, num_splits)
