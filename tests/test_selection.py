@@ -147,28 +147,33 @@ def test_a_smoke_only_test_runs_where_its_suite_does_not_run_in_full():
 
 def test_the_fuzzers_caught_seeds_follow_their_bugs_files():
     """make test runs a caught fuzzer seed in its bug's phase and where the bug's files change
-    after it, and one seed of each kind where the fuzzed bookkeeping is the phase before's;
-    make test-all runs every caught seed from its phase on, and FIRST_CASES everywhere."""
+    after it, CHANGED_CASES and CHANGED_INTERRUPTS first seeds where the fuzzed bookkeeping changed
+    and one of each kind where it is the phase before's; make test-all runs every caught seed from
+    its phase on, and FIRST_CASES and FIRST_INTERRUPTS everywhere."""
     from tests.suites import config_fuzz as fuzz
     for name in selection.phases():
         phase = fuzz.load_phase(name) if (ROOT / "phases" / name / "config.py").is_file() else None
         if phase is None or not (ROOT / "tests" / name / "test_config_fuzz.py").is_file():
             continue
-        everywhere = fuzz.caught(fuzz.CAUGHT_CASES, phase)
-        assert everywhere == [s for s, first in fuzz.CAUGHT_CASES.items() if name[:3] >= first]
-        for seed in everywhere:
-            first = fuzz.CAUGHT_CASES[seed] == name[:3]
-            expected = first or fuzz.changed(fuzz.CAUGHT_FILES[seed], phase)
-            assert (seed in fuzz.caught(fuzz.CAUGHT_CASES, phase, everywhere=False)) == expected, (name, seed)
-        assert len(fuzz.first_seeds(fuzz.FIRST_CASES, phase)) == fuzz.FIRST_CASES
+        for seeds in (fuzz.CAUGHT_CASES, fuzz.CAUGHT_INTERRUPTS):
+            everywhere = fuzz.caught(seeds, phase)
+            assert everywhere == [s for s, first in seeds.items() if name[:3] >= first]
+            for seed in everywhere:
+                first = seeds[seed] == name[:3]
+                expected = first or fuzz.changed(fuzz.CAUGHT_FILES[seed], phase)
+                assert (seed in fuzz.caught(seeds, phase, everywhere=False)) == expected, (name, seed)
         unchanged = not fuzz.changed(fuzz.FUZZED_FILES, phase)
-        assert len(fuzz.first_seeds(fuzz.FIRST_CASES, phase, everywhere=False)) == \
-            (fuzz.FIRST_UNCHANGED if unchanged else fuzz.FIRST_CASES), name
+        for every, where_changed in ((fuzz.FIRST_CASES, fuzz.CHANGED_CASES),
+                                     (fuzz.FIRST_INTERRUPTS, fuzz.CHANGED_INTERRUPTS)):
+            assert len(fuzz.first_seeds(phase, True, every, where_changed)) == every
+            assert len(fuzz.first_seeds(phase, False, every, where_changed)) == \
+                (fuzz.FIRST_UNCHANGED if unchanged else where_changed), name
     for files in fuzz.CAUGHT_FILES.values():         # a typo would name a file that never changes
         assert all(any((ROOT / "phases" / p / f).is_file() for p in selection.phases()) for f in files), files
     p15 = fuzz.load_phase("p15_flash_decoding")       # its changes are the forward's arithmetic alone
-    assert list(fuzz.first_seeds(fuzz.FIRST_CASES, p15, everywhere=False)) == [0]
+    assert list(fuzz.first_seeds(p15, False, fuzz.FIRST_CASES, fuzz.CHANGED_CASES)) == [0]
     assert fuzz.caught(fuzz.CAUGHT_CASES, p15, everywhere=False) == []
+    assert fuzz.caught(fuzz.CAUGHT_INTERRUPTS, p15, everywhere=False) == []
 
 
 def test_every_file_marker_is_registered_and_names_real_files():

@@ -29,11 +29,13 @@ says it recovered, must pass check(); and the next call must give the tokens of 
 alone and leave the accounting whole.
 
 Every failure names its seed, the configuration it drew and the command that replays it.
-`make test` runs a few seeds per phase (one of each kind where the bookkeeping it fuzzes is the
-phase before's), and the seeds that once caught a bug in that bug's phase and wherever the bug's
-files change after it; `make test-all` runs every one of those seeds from its phase on; the soak (the
-fuzz_soak marker, which make test and make test-all leave out) runs FUZZ_CASES configurations
-and FUZZ_INTERRUPTS interrupted calls per phase (100 each unless set), from seed FUZZ_SEED on:
+`make test` runs a few seeds per phase (two configurations and one interrupted call where the
+bookkeeping it fuzzes changed, one of each kind where it is the phase before's), and the seeds that
+once caught a bug in that bug's phase and wherever the bug's files change after it; `make test-all`
+runs three configurations and two interrupted calls in every phase, and every one of those seeds
+from its phase on; the soak (the fuzz_soak marker, which make test and make test-all leave out) runs
+FUZZ_CASES configurations and FUZZ_INTERRUPTS interrupted calls per phase (100 each unless set),
+from seed FUZZ_SEED on:
 
     make fuzz FUZZ_CASES=1000 FUZZ_INTERRUPTS=1000                  every phase from p08 on
     make phase-14 fuzz FUZZ_SEED=240 FUZZ_CASES=1 FUZZ_INTERRUPTS=0   one seed of one phase
@@ -70,7 +72,7 @@ MAX_NEW_TOKENS = 16
 MAX_REQUESTS = 10
 ALPHABET = 200            # prompt ids from a small range: n-gram matches and accidental shared blocks
 INTERRUPTED_REQUESTS = 5  # at most, in a call the interrupt fuzzer cuts short (it runs on 2 or 3 engines)
-FIRST_CASES, FIRST_INTERRUPTS = 3, 2       # make test, per phase: seeds 0.. of each kind (the soak: more)
+FIRST_CASES, FIRST_INTERRUPTS = 3, 2       # make test-all, per phase: seeds 0.. of each kind (the soak: more)
 FIRST_RANKED = 3                           # ... and the first seeds of cases on two ranks (p16 on)
 SOAK_SEED = 100_000                        # the soak's first seed, past make test's (FUZZ_SEED moves it)
 
@@ -89,12 +91,12 @@ CAUGHT_INTERRUPTS = {149: "p11", 157: "p11", 253: "p11"}  # a clean-up that drop
 # The files where each caught bug lived (its fix, and the code its case goes through to reach it).
 # make test runs a caught seed in its bug's phase and in each later phase whose copy of these files
 # differs from the phase before's; make test-all in every phase from its bug's on. A seed not named
-# here runs in every phase from its bug's on (the interrupts' bug was engine.py's clean-up, which
-# nearly every phase changes).
+# here runs in every phase from its bug's on.
 CAUGHT_FILES = {**dict.fromkeys((19, 146, 240), ("cuda_graph.py", "model_runner.py", "scheduler.py")),
                 **dict.fromkeys((532, 551), ("speculator.py", "proposers.py", "scheduler.py")),
                 2: ("draft_proposer.py", "speculator.py"),
-                100_028: ("quant.py", "triton_int8.py")}
+                100_028: ("quant.py", "triton_int8.py"),
+                **dict.fromkeys((149, 157, 253), ("engine.py", "block_manager.py"))}   # the clean-up, the accounting
 
 # fp8 (p19 on) keeps 3 mantissa bits: a 1e-7 relative change in one activation (a prefill's sum
 # order against a decode's, for a request preempted and recomputed) can carry it across a rounding
@@ -106,12 +108,15 @@ NEAR_TIE = {"fp8": 0.5}
 TIE_TOP_K = 32            # the alone run keeps its top logits per step for that test
 
 # The bookkeeping the fuzzers check (what reorganizes work: batching, paging, chunks, cached
-# prefixes, preemption, drafts, graph lanes). Where none of these differs from the phase before's,
-# make test runs one seed of each kind from 0 (FIRST_UNCHANGED) instead of FIRST_CASES and
-# FIRST_INTERRUPTS: the same bookkeeping ran those seeds a phase earlier. make test-all runs them all.
+# prefixes, preemption, drafts, graph lanes). Where one of these differs from the phase before's,
+# make test runs CHANGED_CASES and CHANGED_INTERRUPTS seeds from 0, fewer than make test-all's
+# FIRST_CASES and FIRST_INTERRUPTS (each seed costs a second or more a phase, and the soak draws
+# hundreds); where none differs, one of each kind (FIRST_UNCHANGED): the same bookkeeping ran those
+# seeds a phase earlier.
 FUZZED_FILES = ("engine.py", "scheduler.py", "block_manager.py", "sequence.py", "model_runner.py", "config.py",
                 "radix_cache.py", "speculator.py", "proposers.py", "draft_proposer.py", "cuda_graph.py", "sampler.py",
                 "kv_cache.py")
+CHANGED_CASES, CHANGED_INTERRUPTS = 2, 1
 FIRST_UNCHANGED = 1
 
 
@@ -132,9 +137,12 @@ def caught(seeds: dict[int, str], phase: "Phase", everywhere: bool = True) -> li
         everywhere or phase.name[:3] == first or seed not in CAUGHT_FILES or changed(CAUGHT_FILES[seed], phase))]
 
 
-def first_seeds(count: int, phase: "Phase", everywhere: bool = True) -> range:
-    """Seeds 0.. of one kind: `count`, or FIRST_UNCHANGED where FUZZED_FILES equal the phase before's."""
-    return range(count if everywhere or changed(FUZZED_FILES, phase) else FIRST_UNCHANGED)
+def first_seeds(phase: "Phase", everywhere: bool, count: int, where_changed: int) -> range:
+    """Seeds 0.. of one kind: `count` everywhere (make test-all); in make test `where_changed` where
+    FUZZED_FILES differ from the phase before's, FIRST_UNCHANGED where they do not."""
+    if everywhere:
+        return range(count)
+    return range(where_changed if changed(FUZZED_FILES, phase) else FIRST_UNCHANGED)
 
 
 # The forward's arithmetic, whose lines the interrupt fuzzer does not count: an interrupt inside
@@ -847,7 +855,7 @@ def soak_seeds(variable: str) -> range:
 def test_random_configs_give_each_request_its_tokens_alone(fuzz_phase, alone, token_bytes, pytestconfig):
     """Random configurations and workloads: each request's tokens alone, the budget, the accounting."""
     everywhere = selection.run_all(pytestconfig)
-    seeds = sorted({*first_seeds(FIRST_CASES, fuzz_phase, everywhere), *caught(CAUGHT_CASES, fuzz_phase, everywhere),
+    seeds = sorted({*first_seeds(fuzz_phase, everywhere, FIRST_CASES, CHANGED_CASES), *caught(CAUGHT_CASES, fuzz_phase, everywhere),
                     *ranked_seeds(fuzz_phase),
                     *pd_seeds(fuzz_phase), *quant_seeds(fuzz_phase)})
     run_seeds(config_case, fuzz_phase, seeds, alone, token_bytes)
@@ -902,7 +910,7 @@ def quant_seeds(phase: Phase) -> list[int]:
 def test_an_interrupted_call_leaves_the_engine_whole(fuzz_phase, alone, token_bytes, pytestconfig):
     """Ctrl-C at a random line of generate() (and of its clean-up): whole, then the next call right."""
     everywhere = selection.run_all(pytestconfig)
-    seeds = sorted({*first_seeds(FIRST_INTERRUPTS, fuzz_phase, everywhere),
+    seeds = sorted({*first_seeds(fuzz_phase, everywhere, FIRST_INTERRUPTS, CHANGED_INTERRUPTS),
                     *caught(CAUGHT_INTERRUPTS, fuzz_phase, everywhere)})
     run_seeds(interrupt_case, fuzz_phase, seeds, alone, token_bytes)
 
