@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None, make_command: str | None = None) -> None
     if device == "cuda" and not args.check_only:
         hw = roofline.measure(device)
         records += [base | {"workload": "kernel", "hardware": hw, **r} for r in time_grid(device, hw["copy_bytes_per_s"])]
-    write_records(RESULTS / PHASE / f"kernel-{device_tag(name)}.json", records)
+    # sweep: the script's records are one run; a re-run moves the last sweep to history/ whole
+    write_records(RESULTS / PHASE / f"kernel-{device_tag(name)}.json", records, sweep=True)
 
 
 if __name__ == "__main__":
