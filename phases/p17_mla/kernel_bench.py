@@ -11,9 +11,9 @@
    data the split rule answers to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
    values a token) against the copy bandwidth measured in the same run.
 3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) x
-   variant (TUNE_VARIANTS: the value split, the head tile; fp32 or bf16 partials) at the split
-   counts of 1-4 programs an SM on TUNE_SHAPES, each call checked against the reference, written
-   to kernel-tune-<device>.json: the data triton_mla's launch constants are read from.
+   page size (TUNE_PAGES) at the split counts of 1-4 programs an SM on TUNE_SHAPES, each call
+   checked against the reference and timed whole and with its split kernel alone, written to
+   kernel-tune-<device>.json: the data triton_mla's launch constants are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
 from __future__ import annotations
@@ -36,11 +36,13 @@ from common.results import RESULTS, device_tag, provenance, write_records   # no
 from .mla import latent_decode_reference                  # noqa: E402
 from .triton_decode import choose_num_splits              # noqa: E402
 from .triton_mla import (HEAD_TILE, VALUE_SPLIT, choose_latent_splits, latent_decode, latent_launch,   # noqa: E402
-                         partials_dtype)
+                         latent_splits, partials_dtype)
 
 PHASE = __package__.split(".")[-1]
 # (batch, heads, latent, rotary, page, context lengths): awkward on purpose
-CHECKS = [(3, 4, 32, 8, 4, [15, 1, 9]), (2, 16, 64, 16, 5, [33, 70]), (4, 16, 512, 64, 16, [1, 17, 100, 255])]
+# (pages of 64 at batch 2: tiles of 32 inside a page, the one-page-id-a-tile path)
+CHECKS = [(3, 4, 32, 8, 4, [15, 1, 9]), (2, 16, 64, 16, 5, [33, 70]), (4, 16, 512, 64, 16, [1, 17, 100, 255]),
+          (2, 16, 512, 64, 64, [65, 200])]
 CHECK_SPLITS = (1, 2, 3, 8)
 # triton_mla's variants checked beside its defaults ({}): each of the value split and bf16 partials
 # alone, and the 64-row head tile with both
@@ -127,68 +129,72 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
 
 
 # The sweep the launch constants come from (`make phase-NN bench PART=kernel-tune`): batch 1 at 32k
-# rows (the goal's shape), batch 4 at 32k and batch 64 at 4k, every launch shape x variant at the
-# split counts of 1, 2 and 4 waves of programs.
+# rows (the goal's shape), batch 4 at 32k and batch 64 at 4k, every launch shape x page size at the
+# split counts of 1, 2 and 4 waves of programs, the partials in the rule's dtype (partials_dtype).
+# The variants (value split, 64-row head tile, fp32 against bf16 partials) were swept in the first
+# two sweeps (history/kernel-tune-*.json) and lost; this one asks where one sequence's time goes.
 TUNE_SHAPES = ((1, 32768), (4, 32768), (64, 4096))
-# (block_n, num_warps, num_stages): four of the first sweep's 18 (16-64 rows x 4-8 warps x 1-3
-# stages, kernel-tune-h200.json at git b33a22f): its winners, 32 rows on 4 warps (batch 4 and 64)
-# and 64 on 8 (batch 1), and the next two, 13-33% behind on register pressure the value split
-# relieves (ptxas for sm_90a: 64 rows on 4 warps spill without it). 2 stages only: 3 ran 1-4%
-# slower, 1 slower still.
-TUNE_LAUNCH = [(32, 4, 2), (64, 8, 2), (64, 4, 2), (32, 8, 2)]
+# (block_n, num_warps, num_stages): the first sweeps' winners (32 rows on 4 warps, 64 on 8, both 2
+# stages) and deeper pipelines of smaller tiles: bytes in flight a program (a 64-row tile is 72 KB;
+# one program per SM at batch 1 read 17 GB/s, 132 of them 2.2 TB/s at most). 64 rows x 3 stages
+# would need 216 KB of shared memory: a launch that does not compile is reported and skipped.
+TUNE_LAUNCH = [(32, 4, 2), (64, 8, 2), (16, 4, 3), (16, 4, 4), (32, 4, 3), (32, 8, 3), (32, 8, 4), (64, 8, 3)]
 TUNE_WAVES = (1, 2, 4)      # 8 never won (batch 4 / 32k: 256 splits 80 us, 64 splits 65 us)
-# (value_split, head_tile) (triton_mla's docstring), each with fp32 and, where S > 1, bf16 partials.
-# No 64-row tile without the value split: its (64, 512) fp32 accumulator spills at 3 of the 4 launches.
-TUNE_VARIANTS = ((1, 16), (2, 16), (2, 64))
-TUNE_PARTIALS = (torch.float32, torch.bfloat16)
-# 196 timed calls (the first sweep: 174) and 24 compiles of the split kernel, the split count not
-# compiled in (the first sweep compiled one a split count, ~100): about 3 minutes on an H200
-# (estimated: ~0.35 s a timed call, 2-3 s a compile).
+# Pages of 16 (the engine's) and 64 (FlashMLA's): at 64 every tile lies in one page (TILE_IN_PAGE:
+# one page id a tile, consecutive rows) where at 16 a 32- or 64-row tile gathers a page id a row.
+TUNE_PAGES = (16, 64)
+# about 3 minutes on an H100: 8 launches x 2 pages x 3 shapes x <= 3 split counts, each timed twice
+# (the split kernel alone, then with the combine), ~24 compiles
 TUNE_TOLERANCE = 2e-2       # check()'s, in bf16
 
 
-def tune_settings(B: int, context: int, sms: int):
-    """(setting, latent_decode's keywords) for every launch x variant x split count x partial dtype.
-    The split counts aim for 1, 2 and 4 programs an SM, a value-split pair counting as two."""
-    for (block_n, warps, stages), (value_split, head_tile) in itertools.product(TUNE_LAUNCH, TUNE_VARIANTS):
-        splits = sorted({choose_num_splits(B, value_split, sms, context, block_n=block_n, waves=w, max_splits=1024)
+def tune_settings(B: int, context: int, page: int, sms: int):
+    """(setting, latent_decode's keywords) for every launch x split count at one page size. The
+    split counts aim for 1, 2 and 4 programs an SM."""
+    for block_n, warps, stages in TUNE_LAUNCH:
+        splits = sorted({choose_num_splits(B, 1, sms, context, block_n=block_n, waves=w, max_splits=1024)
                          for w in TUNE_WAVES})
-        for S, partial in itertools.product(splits, TUNE_PARTIALS):
-            if S == 1 and partial != TUNE_PARTIALS[0]:
-                continue                         # one split writes no partials: timed once
-            options = {"num_splits": S, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-                       "value_split": value_split, "head_tile": head_tile, "partial_dtype": partial}
-            setting = {"batch": B, "context": context, "page": PAGE, "heads": HEADS, "block_n": block_n,
-                       "num_warps": warps, "num_stages": stages, **variant(value_split, head_tile, partial),
-                       "num_splits": S}
+        for S in splits:
+            options = {"num_splits": S, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+            setting = {"batch": B, "context": context, "page": page, "heads": HEADS, "block_n": block_n,
+                       "num_warps": warps, "num_stages": stages,
+                       **variant(partial_dtype=partials_dtype(torch.bfloat16, S)), "num_splits": S}
             yield setting, options
 
 
 def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
-    """Every launch x variant x split count on TUNE_SHAPES, each checked against the reference."""
+    """Every launch x page x split count on TUNE_SHAPES, each checked against the reference and
+    timed twice: the whole call ("us") and its split kernel alone ("split_us": the rest is the
+    combine and the launch gap between the two kernels)."""
     import triton.testing
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     scale = 192 ** -0.5
     results = []
-    for B, context in TUNE_SHAPES:
-        q, pool, table, lens, step = random_case(B, HEADS, RANK, ROPE, PAGE, [context] * B, device, torch.bfloat16)
+    for (B, context), page in itertools.product(TUNE_SHAPES, TUNE_PAGES):
+        q, pool, table, lens, step = random_case(B, HEADS, RANK, ROPE, page, [context] * B, device, torch.bfloat16)
         ref = latent_decode_reference(q.float(), pool.float(), RANK, scale, step)
         row_bytes = B * context * (RANK + ROPE) * 2
-        for setting, options in tune_settings(B, context, sms):
+        for setting, options in tune_settings(B, context, page, sms):
             def call():
                 return latent_decode(q, pool, table, lens, RANK, scale, **options)
+
+            def splits_alone():
+                return latent_splits(q, pool, table, lens, RANK, scale, **options)
             try:
                 err = (call().float() - ref).abs().max().item()
                 us = 1e3 * triton.testing.do_bench_cudagraph(call, rep=20, return_mode="median")
+                split_us = 1e3 * triton.testing.do_bench_cudagraph(splits_alone, rep=20, return_mode="median")
             except Exception as e:               # a configuration that does not compile (shared memory)
-                print(f"[tune] B={B} ctx={context} {describe(setting)}: {type(e).__name__}", flush=True)
+                print(f"[tune] B={B} ctx={context} page={page} {describe(setting)}: {type(e).__name__}", flush=True)
                 continue
             frac = row_bytes / (us * 1e-6) / copy_bytes_per_s
             ok = err < TUNE_TOLERANCE
             results.append({"engine": "triton", "preset": "mla-lite", "timer": "cudagraph", "setting": setting,
-                            "metrics": {"us": us, "copy_frac": frac, "max_abs_err": err}, "ok": ok})
-            print(f"[tune] B={B} ctx={context} {describe(setting)}: {us:8.1f} us {100 * frac:5.1f}%"
-                  f"{'' if ok else f' WRONG (max error {err:.2e})'}", flush=True)
+                            "metrics": {"us": us, "split_us": split_us, "copy_frac": frac,
+                                        "split_copy_frac": row_bytes / (split_us * 1e-6) / copy_bytes_per_s,
+                                        "max_abs_err": err}, "ok": ok})
+            print(f"[tune] B={B} ctx={context} page={page} {describe(setting)}: {us:8.1f} us {100 * frac:5.1f}% "
+                  f"(split kernel {split_us:.1f} us){'' if ok else f' WRONG (max error {err:.2e})'}", flush=True)
         del q, pool, ref
         torch.cuda.empty_cache()
         save(results)                            # after each shape: a sweep cut short keeps what it timed
@@ -197,17 +203,14 @@ def tune(device: str, copy_bytes_per_s: float, save) -> list[dict]:
 
 
 def print_best(results: list[dict], top: int = 6) -> None:
-    """Per shape: the `top` fastest correct calls, then each variant's fastest (its launch and S)."""
+    """Per shape and page: the `top` fastest correct calls."""
     def line(r: dict) -> str:
-        return f"   {describe(r['setting']):<36} {r['metrics']['us']:8.1f} us {100 * r['metrics']['copy_frac']:5.1f}%"
-    for B, context in TUNE_SHAPES:
-        rows = sorted((r for r in results if r["ok"] and r["setting"]["batch"] == B
-                       and r["setting"]["context"] == context), key=lambda r: r["metrics"]["us"])
-        best = {}
-        for r in rows:                           # fastest first: a variant's first row is its best
-            best.setdefault(tuple(r["setting"][k] for k in ("value_split", "head_tile", "partial_dtype")), r)
-        print(f"== batch {B} context {context}", *map(line, rows[:top]), "   each variant's best:",
-              *map(line, best.values()), sep="\n")
+        m = r["metrics"]
+        return f"   {describe(r['setting']):<28} {m['us']:8.1f} us {100 * m['copy_frac']:5.1f}% (split {m['split_us']:.1f})"
+    for (B, context), page in itertools.product(TUNE_SHAPES, TUNE_PAGES):
+        rows = sorted((r for r in results if r["ok"] and (r["setting"]["batch"], r["setting"]["context"],
+                       r["setting"]["page"]) == (B, context, page)), key=lambda r: r["metrics"]["us"])
+        print(f"== batch {B} context {context} page {page}", *map(line, rows[:top]), sep="\n")
 
 
 def main(argv: list[str] | None = None, make_command: str | None = None) -> None:

@@ -79,9 +79,11 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                          H: tl.constexpr, R: tl.constexpr, RV: tl.constexpr, P: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                         UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr):
+                         UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
     """Program (half, b, s): every head of sequence b over split s of its cached rows, accumulating
-    the RV value columns [half * RV, (half + 1) * RV): all R of them, or a half (the value split)."""
+    the RV value columns [half * RV, (half + 1) * RV): all R of them, or a half (the value split).
+    TILE_IN_PAGE (PAGE a multiple of BLOCK_N): a tile never crosses a page (splits start on whole
+    tiles), so one page id a tile and BLOCK_N consecutive rows; else a page id a row (a gather)."""
     half, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + b)
     chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N   # rows per split, whole tiles
@@ -109,8 +111,12 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
     for start in range(lo, hi, BLOCK_N):
         rows = start + tl.arange(0, BLOCK_N)
         row_ok = rows < length
-        page = tl.load(table + rows // PAGE, mask=row_ok, other=0)
-        row = pool_ptr + (page.to(tl.int64) * stride_pp + (rows % PAGE) * stride_ps)[:, None]       # (BLOCK_N, 1)
+        if TILE_IN_PAGE:      # start < length: its page is in the table; rows past length are masked
+            page = tl.load(table + start // PAGE).to(tl.int64)
+            row = pool_ptr + page * stride_pp + ((start % PAGE + tl.arange(0, BLOCK_N)) * stride_ps)[:, None]
+        else:
+            page = tl.load(table + rows // PAGE, mask=row_ok, other=0)
+            row = pool_ptr + (page.to(tl.int64) * stride_pp + (rows % PAGE) * stride_ps)[:, None]   # (BLOCK_N, 1)
         c = tl.load(row + vdims[None, :], mask=row_ok[:, None], other=0.0)                          # (BLOCK_N, RV)
         k_pe = tl.load(row + R + pdims[None, :], mask=row_ok[:, None] & p_ok[None, :], other=0.0)   # (BLOCK_N, BLOCK_P)
         if UPCAST:
@@ -147,12 +153,24 @@ def partials_dtype(dtype: torch.dtype, num_splits: int) -> torch.dtype:
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                  rank: int, scale: float, num_splits: int = 1, **launch) -> torch.Tensor:
+    """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
+    launch: latent_splits' keywords (the tune's). No host read of device data, grids
+    (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
+    out, partials, lse = latent_splits(q, pool, block_tables, context_lens, rank, scale, num_splits, **launch)
+    if num_splits > 1:
+        combine_splits(partials, lse, out, num_splits)
+    return out
+
+
+def latent_splits(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   rank: int, scale: float, num_splits: int = 1, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None, value_split: int = VALUE_SPLIT,
-                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE) -> torch.Tensor:
-    """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
-    value_split, partial_dtype, head_tile: the variants (module docstring). No host read of device
-    data, grids (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
+                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE):
+    """The split kernel alone (latent_decode without the combine; the tune times it alone too):
+    -> (out (B, H, rank), partials (B, H, S, rank), LSEs (B, H, S)); with one split `out` is the
+    answer and the other two are `out` itself. value_split, partial_dtype, head_tile: the variants
+    (module docstring)."""
     B, H, W = q.shape
     page = pool.shape[1]
     rope = W - rank
@@ -178,7 +196,5 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
         H=H, R=rank, RV=rank // value_split, P=rope, PAGE=page, BLOCK_H=max(head_tile, triton.next_power_of_2(H)),
         BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_N=block_n, UPCAST=INTERPRETED,
-        WRITE_LSE=num_splits > 1, **launch_options(num_warps, num_stages))
-    if num_splits > 1:
-        combine_splits(o, lse, out, num_splits)
-    return out
+        WRITE_LSE=num_splits > 1, TILE_IN_PAGE=page % block_n == 0, **launch_options(num_warps, num_stages))
+    return out, o, lse
