@@ -27,12 +27,15 @@ SHAPES = {"cuda": ("llama-1b", [1, 64], "full", "bfloat16", 3), "cpu": ("tiny-ll
 STAGE_METRICS = {"stage_host_ms": "host", "stage_gpu_ms": "gpu"}
 
 
-def profile_part(phase: str, engines: list[tuple[str, dict]]):
-    """The part for `phase`'s bench set: engines = [(engine name, engine options), ...], each
-    profiled at every batch size of SHAPES in every round, one run id over all of them."""
+def profile_part(phase: str, engines: list[tuple[str, dict]], name: str = "profile-pair",
+                 shape: tuple[str, list[int]] | None = None):
+    """The part `name` for `phase`'s bench set: engines = [(engine name, engine options), ...], each
+    profiled at every batch size of SHAPES in every round, one run id over all of them, one engine
+    built at a time. shape (preset, batch sizes): those instead of SHAPES's (a GPU part's llama-8b)."""
     def part(argv: list[str], make_command: str) -> None:
         device = argv[argv.index("--device") + 1] if "--device" in argv else default_device()
         preset, batches, scale, dtype, rounds = SHAPES["cuda" if device.startswith("cuda") else "cpu"]
+        preset, batches = shape or (preset, batches)
         bandwidth = roofline.copy_bandwidth(device)           # once, before any KV pool takes memory
         profiled: dict[tuple, list[dict]] = {}                # (engine index, batch) -> a record per round
         for i in range(rounds):
@@ -43,7 +46,7 @@ def profile_part(phase: str, engines: list[tuple[str, dict]]):
                                                    device=device, dtype=dtype, **options):
                     profiled.setdefault((k, rec["setting"]["batch"]), []).append(rec)
                 free_memory(device)
-        run = {"workload": "profile-pair", "run_id": uuid.uuid4().hex[:12], "part": "profile-pair"}
+        run = {"workload": "profile-pair", "run_id": uuid.uuid4().hex[:12], "part": name}
         out = RESULTS / phase / f"profile-pair-{device_tag(device_name(device))}.json"
         merged = {}
         for (k, batch), recs in sorted(profiled.items()):

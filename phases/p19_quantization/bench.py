@@ -18,6 +18,8 @@ says so and runs without it). What quantization must show is measured, not assum
   "offline", "offline-8b"            the offline batch (256 requests; llama-8b: without fp8)
   "profile-pair" the decode step of each mode profiled (llama-1b, batch 1 and 64): where INT8's
                  time goes, kernel by kernel (the quantizers, the GEMMs, their epilogues)
+  "profile-pair-8b"  the same on llama-8b at batch 1 (one engine at a time: fp8 fits): the step's
+                 GPU busy time against its wall time (is w8a8's step host-bound?)
 On a CPU the speed parts run tiny-llama at small scale: their plumbing, not a speed.
 """
 from __future__ import annotations
@@ -153,12 +155,17 @@ def weight_bytes(model) -> int:
                for name, t in [*block.named_parameters(), *block.named_buffers()] if "weight" in name)
 
 
-def profile(rest: list[str], command: str) -> None:
-    """Decode steps of bf16, w8a8 and fp8 profiled in rotated rounds (common.profile_pair): where a
-    step's time goes, stage by stage and kernel by kernel, at batch 1 and 64 (on a CPU: tiny-llama)."""
-    device = rest[rest.index("--device") + 1] if "--device" in rest else default_device()
-    modes = ["w8a8", *(["fp8"] if fp8_supported(device) else [])]
-    profile_part(PHASE, [(ENGINE, {}), *[(ENGINE, {"quantization": m}) for m in modes]])(rest, command)
+def profile(name: str, shape: tuple[str, list[int]] | None = None):
+    """Decode steps of bf16, w8a8 and fp8 profiled in rotated rounds (common.profile_pair), one engine
+    built at a time: where a step's time goes, stage by stage and kernel by kernel, and how much of
+    it the GPU is busy. By default llama-1b at batch 1 and 64 (on a CPU: tiny-llama); shape (preset,
+    batch sizes) instead."""
+    def part(rest: list[str], command: str) -> None:
+        device = rest[rest.index("--device") + 1] if "--device" in rest else default_device()
+        modes = ["w8a8", *(["fp8"] if fp8_supported(device) else [])]
+        engines = [(ENGINE, {}), *[(ENGINE, {"quantization": m}) for m in modes]]
+        profile_part(PHASE, engines, name, shape)(rest, command)
+    return part
 
 
 def gemm(rest: list[str], command: str) -> None:
@@ -179,7 +186,8 @@ GPU_PARTS = {
     "concurrency-8b": speed("concurrency-8b", "concurrency", "llama-8b", "--concurrency", "64", fp8=False),
     "offline": speed("offline", "offline", "llama-1b"),
     "offline-8b": speed("offline-8b", "offline", "llama-8b", options=POOL_8B, fp8=False),
-    "profile-pair": profile,
+    "profile-pair": profile("profile-pair"),
+    "profile-pair-8b": profile("profile-pair-8b", ("llama-8b", [1])),
 }
 CPU_PARTS = {
     "gemm": gemm,
@@ -187,7 +195,7 @@ CPU_PARTS = {
     "latency": speed("latency", "latency", "tiny-llama", "--scale", "small"),
     "concurrency": speed("concurrency", "concurrency", "tiny-llama", "--concurrency", "8", "--scale", "small"),
     "offline": speed("offline", "offline", "tiny-llama", "--scale", "small"),
-    "profile-pair": profile,
+    "profile-pair": profile("profile-pair"),
 }
 
 

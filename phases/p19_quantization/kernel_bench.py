@@ -5,24 +5,29 @@
    GPU up to the epilogue's fp32 rounding), on awkward shapes (M = 1, 3, 17, 33; N and K not
    multiples of any tile), with and without a bias, under its rule; every decode candidate the sweep
    times (tiles, split-K, GEMV) the same way at M = 1, 3, 16, in int8 and e4m3; the quantizing norm
-   and SiLU * up against the kernel and the quantizer each fuses, bit for bit; the Triton GEMM on
-   e4m3 against the dequantized product. On a GPU also the fp8 quantizer (the interpreter's e4m3
-   cast is not the GPU's) and torch._scaled_mm.
+   and SiLU * up against the kernel and the quantizer each fuses, bit for bit; the GEMV quantizing
+   its own float rows against quantize_rows + the GEMV, bit for bit (every GEMV candidate, M = 1..4,
+   a zero row); the Triton GEMM on e4m3 against the dequantized product. On a GPU also the fp8
+   quantizer (the interpreter's e4m3 cast is not the GPU's) and torch._scaled_mm.
 2. Time (GPU): llama-1b's and llama-8b's four Linears of a layer (q/k/v, o, gate/up, down) at
    M = 1 ... 4096 tokens: bf16 F.linear (twice: the A/A control), the GEMMs alone on quantized
    input (Triton on int8, and on e4m3 up to M = 64; torch._int_mm with and without its epilogue;
-   torch._scaled_mm), the per-token quantizers alone, and the Linear as the engine runs it (quantizer + the GEMM its
-   rule picks). Each call replayed from a CUDA graph (as a decode step runs it), REPEATS rounds in
-   rotated order; a round's ratio is taken against the same round's bf16. Every GEMM reads its
-   weight cold, from a copy the L2 cache does not hold (weight_copies), as a decode step does.
+   torch._scaled_mm), the per-token quantizers alone, and the Linear on a float input as
+   QuantLinear runs it ("w8a8 linear": the quantizer + the GEMM its rule picks; where that is the
+   GEMV, the GEMV quantizing its input itself). Each call replayed from a CUDA graph (as a decode
+   step runs it), REPEATS rounds in rotated order; a round's ratio is taken against the same
+   round's bf16. Every GEMM reads its weight cold, from a copy the L2 cache does not hold
+   (weight_copies), as a decode step does.
    TFLOP/s = 2MNK / time; GB/s = the weight's bytes / time for a GEMM (bf16: 2NK, int8/fp8: NK),
    the activation's for a quantizer (bf16 in, 8 bits out: 3MK), against the copy bandwidth
    measured in the same run.
    Beside q/k/v the add + RMSNorm before it, beside down SiLU * up: alone, followed by the
-   quantizer, and quantizing their own rows (one kernel each, what the engine runs). At M = 1, 4
-   and 16 (DECODE_ROWS) the decode candidates are swept too, on int8: the tensor-core tiles
-   ("triton BN=.. BK=..": the data the tile rule answers to), split-K ("... split=S") and the
-   CUDA-core GEMV ("gemv ...", M <= 4).
+   quantizer, and quantizing their own rows (one kernel each, what the engine runs); beside o at
+   M = 1 (where its rule picks the GEMV) quantize_rows + the GEMV ("quantize then gemv int8")
+   against the GEMV quantizing its own rows ("gemv quantizing int8", what the engine runs); the
+   layer table's "fusion saves" sums the three. At M = 1, 4 and 16 (DECODE_ROWS) the decode
+   candidates are swept too, on int8: the tensor-core tiles ("triton BN=.. BK=..": the data the
+   tile rule answers to), split-K ("... split=S") and the CUDA-core GEMV ("gemv ...", M <= 4).
 Writes results/<phase>/gemm-<device>.json and prints, last, a layer's four Linears summed per M, then
 per shape and decode M the current choice against the fastest candidate, and the DECODE_TABLE
 entries (triton_int8.py) that would take the winners.
@@ -51,7 +56,8 @@ from common.results import (RESULTS, device_tag, history_path, provenance, read_
 from common.stats import summarize                        # noqa: E402
 
 from . import quant                                       # noqa: E402
-from .triton_int8 import GEMV_MAX_M, gemm_config, quantize_rows, w8a8_gemm   # noqa: E402
+from .triton_int8 import (GEMV_MAX_M, gemm_config, quantize_rows, w8a8_gemm,   # noqa: E402
+                          w8a8_gemv_quantizing)
 
 PHASE = __package__.split(".")[-1]
 CHECK_SHAPES = [(1, 77, 300), (3, 130, 520), (17, 64, 96), (33, 200, 1000)]   # the rule's (M, N, K)
@@ -72,6 +78,10 @@ SPLITS = [dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, num_warps=4, num_st
 GEMVS = [dict(kernel="gemv", BLOCK_N=n, BLOCK_K=k, SPLIT_K=sk, num_warps=4, num_stages=s)
          for n, k, sk, s in ((4, 1024, 1, 1), (8, 512, 1, 1), (8, 1024, 1, 1), (16, 512, 1, 1), (8, 512, 1, 3),
                              (8, 512, 2, 1))]
+# The quantizing GEMV's (M, N, K, bias?, a zero row?): every M it takes, N and K not multiples of
+# the tiles (K = 1100 a few BLOCK_K steps on a GPU too); checked with every GEMV candidate
+QUANTIZING_CHECK = [(1, 37, 300, False, False), (2, 40, 1100, True, True), (3, 21, 300, True, False),
+                    (4, 37, 1100, False, True)]
 DECODE_ROWS = (1, 4, 16)     # a decode bucket's rows the candidates are timed at: DECODE_TABLE's bounds
 PICK_MARGIN = 0.02           # a candidate must beat the current choice by this to be suggested (bf16's A/A
                              # medians at M <= 16 in gemm-h100.json: within 1% on 39 of 40 (shape, M))
@@ -128,6 +138,7 @@ def check(device: str) -> list[dict]:
               f"{max(r['metrics']['max_err_frac'] for r in results[-2:]):.1e} of the largest output", flush=True)
     results += check_decode(device)
     results += check_norm(device)
+    results += check_quantizing_gemv(device)
     if device == "cpu" or torch.cuda.get_device_capability() >= (8, 9):       # e4m3 needs SM 8.9+
         results += check_fp8(device)
     return results
@@ -213,6 +224,40 @@ def check_norm(device: str) -> list[dict]:
     return results
 
 
+def check_quantizing_gemv(device: str) -> list[dict]:
+    """The GEMV that quantizes its float rows itself against quantize_rows then the GEMV, bit for bit
+    (the same math on the same values; on a GPU recorded, and held to check_decode's bounds), with
+    every GEMV candidate at QUANTIZING_CHECK's shapes: in the interpreter int8 and e4m3 at each,
+    on a GPU int8 at M = 1, 3 and e4m3 at M = 2, 4 (SM 8.9+). x bf16 at odd M, fp32 at even."""
+    results = []
+    fp8_runs = device == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
+    gemvs = {name: c for name, c in CANDIDATES.items() if c.get("kernel") == "gemv"}
+    for M, N, K, with_bias, zero_row in QUANTIZING_CHECK:
+        x = (3 * torch.randn(M, K, device=device)).to(torch.bfloat16 if M % 2 else torch.float32)
+        if zero_row:
+            x[-1] = 0
+        w, bias = torch.randn(N, K, device=device) / K ** 0.5, torch.randn(N, device=device) if with_bias else None
+        for fp8 in ((False, True) if device == "cpu" else (M % 2 == 0,)):
+            if fp8 and not fp8_runs:
+                continue
+            dtype, qmax = (torch.float8_e4m3fn, quant.FP8_MAX) if fp8 else (torch.int8, quant.INT8_MAX)
+            wq, ws = quant.quantize_fp8(w) if fp8 else quant.quantize_int8(w)
+            for name, config in gemvs.items():
+                ref = w8a8_gemm(*quantize_rows(x, dtype, qmax), wq, ws.view(-1), bias, torch.bfloat16, config)
+                got = w8a8_gemv_quantizing(x, wq, ws.view(-1), bias, torch.bfloat16, qmax, config)
+                exact = torch.equal(got, ref)
+                err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                ok = exact if device == "cpu" else (err < 1e-2 if fp8 else int8_ok(err, device))
+                results.append({"setting": {"M": M, "N": N, "K": K, "bias": with_bias, "zero_row": zero_row,
+                                            "fp8": fp8, "x_dtype": str(x.dtype).removeprefix("torch."),
+                                            "config": config, "quantizing_gemv": True},
+                                "metrics": {"exact": exact, "max_err_frac": err}, "ok": ok})
+        mine = [r for r in results if r["setting"]["M"] == M]
+        print(f"[kernel] check the quantizing GEMV M={M} N={N} K={K}: {sum(r['metrics']['exact'] for r in mine)} "
+              f"of {len(mine)} bit for bit equal to quantize_rows + the GEMV", flush=True)
+    return results
+
+
 def check_fp8(device: str) -> list[dict]:
     """The Triton GEMM on e4m3 against the dequantized product (in the interpreter too: its inputs
     from torch's cast there); on a GPU also the fp8 quantizer against torch's cast and
@@ -255,6 +300,25 @@ def producer_variants(shape: str, M: int, K: int, device: str) -> dict:
     return {f"{name} bf16": (make, moved),
             f"{name} then quantize int8": (lambda: quantize_rows(make(), *int8), moved + 3 * M * K),
             f"{name} quantizing int8": (lambda: make(int8), moved - M * K)}
+
+
+def o_variants(shape: str, M: int, N: int, K: int, device: str, copies: list[Weights]) -> dict:
+    """o, where gemm_config picks the GEMV (M = 1): its float input through quantize_rows then the
+    GEMV (two launches), against the GEMV quantizing the rows itself (one: what the engine runs),
+    both with the table's config and cold weights."""
+    config = gemm_config(M, N, K)
+    if shape != "o" or config.get("kernel") != "gemv":
+        return {}
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+
+    def separate(c: Weights) -> torch.Tensor:
+        xq, xs = quantize_rows(x, torch.int8, quant.INT8_MAX)
+        return w8a8_gemm(xq, xs, c.int8.weight, c.int8.weight_scale, None, torch.bfloat16, config)
+
+    def quantizing(c: Weights) -> torch.Tensor:
+        return w8a8_gemv_quantizing(x, c.int8.weight, c.int8.weight_scale, None, torch.bfloat16, quant.INT8_MAX, config)
+    return {"quantize then gemv int8": (cold(separate, copies), N * K),
+            "gemv quantizing int8": (cold(quantizing, copies), N * K)}
 
 
 class Weights(NamedTuple):
@@ -328,7 +392,7 @@ def time_grid(device: str, presets: list[str], hw: dict, fp8_ok: bool, run: dict
         for shape, (N, K) in linear_shapes(preset).items():
             copies = weight_copies(N, K, device, fp8_ok)
             for M in ROWS:
-                calls = variants(M, N, K, device, copies) | \
+                calls = variants(M, N, K, device, copies) | o_variants(shape, M, N, K, device, copies) | \
                     (producer_variants(shape, M, K, device) if shape in ("qkv", "down") else {})
                 samples = {name: [] for name in calls}
                 for rep in range(REPEATS):
@@ -365,6 +429,11 @@ def record(name: str, preset: str, shape: str, M: int, N: int, K: int, samples: 
             "provenance": provenance(device_name(device)) | {"make_command": run["make_command"]}}
 
 
+# the separate kernels' record -> the fused kernel's: "fusion saves" is the sum of their differences
+FUSED = {"norm then quantize int8": "norm quantizing int8", "silu*up then quantize int8": "silu*up quantizing int8",
+         "quantize then gemv int8": "gemv quantizing int8"}
+
+
 def layer_table(records: list[dict], presets: list[str]) -> None:
     """A layer's four Linears summed, per preset and M: bf16 us, and each path's speed-up over it."""
     cols = ["bf16#2", "w8a8 linear", "int8 triton", "int8 _int_mm", "fp8 linear", "fp8 triton", "fp8 _scaled_mm",
@@ -374,11 +443,10 @@ def layer_table(records: list[dict], presets: list[str]) -> None:
         if r["workload"] == "gemm":
             key = (r["preset"], r["setting"]["M"], r["engine"])
             by[key] = by.get(key, 0.0) + r["metrics"]["us"]
-    for (preset, M, name), us in list(by.items()):         # what fusing saves: the norm's and SiLU * up's
-        for producer in ("norm", "silu*up"):
-            if name == f"{producer} then quantize int8" and (preset, M, f"{producer} quantizing int8") in by:
-                by[(preset, M, "fusion saves")] = by.get((preset, M, "fusion saves"), 0.0) + us \
-                    - by[(preset, M, f"{producer} quantizing int8")]
+    for (preset, M, name), us in list(by.items()):         # what fusing saves: the norm's, SiLU * up's, o's GEMV's
+        fused = (preset, M, FUSED.get(name))
+        if fused in by:
+            by[(preset, M, "fusion saves")] = by.get((preset, M, "fusion saves"), 0.0) + us - by[fused]
     microseconds = ("quantize int8", "fusion saves")
     print("\n| preset | M | bf16 us (4 Linears) | " + " | ".join(f"{c} us" if c in microseconds else f"{c} x"
                                                               for c in cols) + " |")
@@ -388,7 +456,7 @@ def layer_table(records: list[dict], presets: list[str]) -> None:
             base = by.get((preset, M, "bf16"))
             if base is None:
                 continue
-            cells = [f"{by[(preset, M, c)]:.1f}" if c in microseconds else f"{base / by[(preset, M, c)]:.2f}"
+            cells = [(f"{by[(preset, M, c)]:.1f}" if c in microseconds else f"{base / by[(preset, M, c)]:.2f}")
                      if (preset, M, c) in by else "-" for c in cols]
             print(f"| {preset} | {M} | {base:.1f} | " + " | ".join(cells) + " |")
 

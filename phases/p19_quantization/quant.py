@@ -8,8 +8,11 @@ in int32 (int8) or fp32 (fp8) and both scales applied in the GEMM's epilogue:
 
 Per token and per channel, because an outlier then costs resolution only to its own row or
 column. A weight read is half of bf16's bytes: at decode, where a step reads every weight once and
-does little else, that is the speed. The quantizer that makes xq is a kernel of its own on a GPU
-(triton_int8.py), paid on every call: what INT8 must earn back at every M.
+does little else, that is the speed. On a GPU the quantizer that makes xq is paid on every call:
+what INT8 must earn back at every M. Before q/k/v, gate/up and down the kernel that makes x does
+it on its rows (QuantizingRMSNorm, QuantizingMLP); o's input, attention's output, comes in float:
+where gemm_config picks the GEMV (decode) the GEMV quantizes it itself, else a quantizer kernel
+of its own runs first (triton_int8.py).
 
 Which GEMM, by rows (M: a step's tokens, or a graph bucket's padded batch, a shape never a value),
 from the gemm bench on an H100 (a layer's four Linears summed, llama-1b and llama-8b, against bf16):
@@ -168,6 +171,12 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor | Quantized) -> torch.Tensor:
         """x (M, K) float, or quantized by the norm before -> (M, N) in the model's dtype."""
+        if not isinstance(x, Quantized) and x.is_cuda:
+            from .triton_int8 import gemm_config, w8a8_gemv_quantizing     # triton: imported where it runs
+            config = gemm_config(x.shape[0], self.out_features, self.in_features)
+            if config.get("kernel") == "gemv":      # o at decode: the GEMV quantizes x itself, one launch
+                return w8a8_gemv_quantizing(x.contiguous(), self.weight, self.weight_scale, self.bias, x.dtype,
+                                            limits(self.fp8)[1], config)
         xq, sx, dtype = x if isinstance(x, Quantized) else (*quantize_tokens(x, self.fp8), x.dtype)
         matmul = fp8_matmul if self.fp8 else int8_matmul
         return matmul(xq, sx, self.weight, self.weight_scale, self.bias, dtype)

@@ -8,7 +8,9 @@ writes bf16.
   (fp8: scale = amax / 448 and q = x / scale cast to e4m3: the same kernel, another store type)
   The RMSNorm before q/k/v and before gate/up, and SiLU * up before down, do this themselves on
   the row they just computed (fused_elementwise: one kernel fewer each, no bf16 row written and
-  read back); only o's input, attention's output, goes through the quantizer on its own.
+  read back). o's input, attention's output, has no such producer: where gemm_config picks the
+  GEMV below (decode: M = 1 at llama-1b's and llama-8b's o) the GEMV quantizes it itself
+  (w8a8_gemv_quantizing); elsewhere it goes through the quantizer.
 
   w8a8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N) (and slice of K, below):
     acc = sum_k q[m, k] * w[n, k]                   int8: int32, exact (|acc| < 127^2 K < 2^31 for
@@ -28,7 +30,9 @@ by shape, from the sweep's table):
             applies the epilogue, so the scales still multiply the whole sum, once.
   GEMV      M <= 4 on the CUDA cores, no tl.dot: a (BLOCK_N, BLOCK_K) tile of w times a's rows,
             multiplied in int32 and summed along K. No padding to 16 rows and BLOCK_N down to 4:
-            more, smaller programs. It takes SPLIT_K too.
+            more, smaller programs. It takes SPLIT_K too. Given float rows it quantizes them
+            itself: each program finds the rows' scales (max |x| over all of K), then puts each
+            chunk on the 8-bit grid in registers, the quantizer's math (one launch fewer).
 Every choice depends on shapes only (M is a graph bucket's padded batch), so a captured graph
 replays the kernels it captured. Under TRITON_INTERPRET=1 (CPU) all run in numpy: exact integers.
 """
@@ -49,17 +53,28 @@ def _round_half_even(y):
 
 
 @triton.jit
+def _row_scale(amax, QMAX: tl.constexpr):
+    """A row's largest |x| (fp32) -> its scale; a zero row gets a tiny one, not 0/0."""
+    return tl.maximum(amax, 1e-8) / QMAX
+
+
+@triton.jit
+def _on_grid(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
+    """x / scale on the 8-bit grid, still fp32: int8's integers (ties to even) in [-127, 127], or
+    e4m3's range (its rounding is the cast to e4m3 after)."""
+    y = x / scale
+    if IS_INT:
+        y = _round_half_even(y)
+    return tl.minimum(tl.maximum(y, -QMAX), QMAX)
+
+
+@triton.jit
 def store_quantized(x, q_ptrs, scale_ptr, mask, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     """One row x (BLOCK,) fp32, zeros past the mask -> its 8-bit values at q_ptrs, its scale at
     scale_ptr. Called by the quantizer below and by the norm that quantizes its own output
-    (fused_elementwise.add_rms_norm)."""
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-8) / QMAX
-    y = x / scale
-    if IS_INT:
-        y = tl.minimum(tl.maximum(_round_half_even(y), -QMAX), QMAX)
-    else:
-        y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
-    tl.store(q_ptrs, y.to(q_ptrs.dtype.element_ty), mask=mask)
+    (fused_elementwise.add_rms_norm); the quantizing GEMV does the same math a chunk at a time."""
+    scale = _row_scale(tl.max(tl.abs(x), axis=0), QMAX)
+    tl.store(q_ptrs, _on_grid(x, scale, QMAX, IS_INT).to(q_ptrs.dtype.element_ty), mask=mask)
     tl.store(scale_ptr, scale)
 
 
@@ -86,11 +101,10 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype, qmax: float) -> tuple[tor
 
 
 @triton.jit
-def _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, stride_out,
+def _epilogue(acc, a_scale, rows, cols, M, N, w_scale_ptr, bias_ptr, out_ptr, stride_out,
               HAS_BIAS: tl.constexpr):
-    """acc (R, C): the full sums over K -> both scales (and a bias) in fp32 registers, one rounding
-    to out's dtype."""
-    a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    """acc (R, C): the full sums over K, a_scale (R,) fp32 -> both scales (and a bias) in fp32
+    registers, one rounding to out's dtype."""
     w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
     out = acc.to(tl.float32) * a_scale[:, None] * w_scale[None, :]
     if HAS_BIAS:
@@ -100,12 +114,13 @@ def _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
 
 
 @triton.jit
-def _finish(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
+def _finish(acc, a_scale, rows, cols, M, N, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
             HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
     """A program's sums over its slice of K. One slice: they are the whole sums, the epilogue runs
-    here. Several: raw into partial[split] (SPLIT_K, M, N), for _split_k_sum_kernel to add up."""
+    here (a_scale (R,): the rows' scales). Several: raw into partial[split] (SPLIT_K, M, N), for
+    _split_k_sum_kernel to add up (a_scale unused)."""
     if SPLIT_K == 1:
-        _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, stride_out, HAS_BIAS)
+        _epilogue(acc, a_scale, rows, cols, M, N, w_scale_ptr, bias_ptr, out_ptr, stride_out, HAS_BIAS)
     else:
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         tl.store(partial_ptr + (tl.program_id(2) * M + rows[:, None]) * N + cols[None, :], acc, mask=mask)
@@ -132,27 +147,50 @@ def _w8a8_gemm_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
         acc += tl.dot(a, w, out_dtype=ACC)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    _finish(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
+    a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    _finish(acc, a_scale, rows, cols, M, N, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
             HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _scales_of_rows(x_ptr, rows, M, K, stride_x, QMAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The scales (BLOCK_M,) fp32 of float rows x (M, K): each row's largest |x| over all of K, a
+    (BLOCK_M, BLOCK_K) chunk at a time (a max is exact in any order: quantize_rows's value)."""
+    ks = tl.arange(0, BLOCK_K)
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        mask = (rows[:, None] < M) & ((k + ks) < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + k + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+    return _row_scale(amax, QMAX)
 
 
 @triton.jit
 def _w8a8_gemv_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, M, N, K,
                       k_per_split, stride_a, stride_w, stride_out, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
-                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      QUANT: tl.constexpr, QMAX: tl.constexpr):
     """The CUDA cores' GEMV: no tl.dot, so no 16-row padding and no 16-wide minimum in N. One
-    program per BLOCK_N output channels and slice of K, over all of a's M <= BLOCK_M rows."""
+    program per BLOCK_N output channels and slice of K, over all of a's M <= BLOCK_M rows.
+    QUANT 0: a is 8-bit, its scales at a_scale_ptr. QUANT 1 (int8) or 2 (e4m3): a is the float
+    rows, quantized here as quantize_rows would (w8a8_gemv_quantizing); with SPLIT_K > 1 their
+    scales go to a_scale_ptr for the sum kernel."""
     k_start = tl.program_id(2) * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     rows = tl.arange(0, BLOCK_M)                           # (BLOCK_M,): every row of a
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
+    if QUANT:                                              # a first pass over all of K: the rows' max
+        a_scale = _scales_of_rows(a_ptr, rows, M, K, stride_a, QMAX, BLOCK_M, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_a + k_start + ks[None, :]          # (BLOCK_M, BLOCK_K)
     w_ptrs = w_ptr + cols[:, None] * stride_w + k_start + ks[None, :]          # (BLOCK_N, BLOCK_K): w's rows
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
     for k in range(k_start, k_end, BLOCK_K):
         k_ok = (k + ks) < k_end
-        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0).to(ACC)
+        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
+        if QUANT:           # the chunk in 8 bits, in registers: the values quantize_rows would store
+            a = _on_grid(a.to(tl.float32), a_scale[:, None], QMAX, QUANT == 1).to(w_ptr.dtype.element_ty)
+        a = a.to(ACC)
         w = tl.load(w_ptrs, mask=(cols[:, None] < N) & k_ok[None, :], other=0.0).to(ACC)
         # products summed along K (int8: in int32, exact) into (BLOCK_M, BLOCK_N)
         if BLOCK_M == 1:        # batch 1: (1, BLOCK_K) x (BLOCK_N, BLOCK_K), no 3-D layout to map
@@ -161,7 +199,12 @@ def _w8a8_gemv_kernel(a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr,
             acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    _finish(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
+    if QUANT == 0:
+        a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    elif SPLIT_K > 1:       # every program has the same scales: the first one writes them
+        if tl.program_id(0) + tl.program_id(2) == 0:
+            tl.store(a_scale_ptr + rows, a_scale, mask=rows < M)
+    _finish(acc, a_scale, rows, cols, M, N, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, stride_out,
             HAS_BIAS, SPLIT_K)
 
 
@@ -178,7 +221,8 @@ def _split_k_sum_kernel(partial_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     acc = tl.load(ptrs, mask=mask, other=0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(ptrs + s * M * N, mask=mask, other=0)
-    _epilogue(acc, rows, cols, M, N, a_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, stride_out, HAS_BIAS)
+    a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    _epilogue(acc, a_scale, rows, cols, M, N, w_scale_ptr, bias_ptr, out_ptr, stride_out, HAS_BIAS)
 
 
 GEMV_MAX_M = 4          # the CUDA-core kernel holds every row of a in one program: 4 at the most
@@ -241,15 +285,44 @@ def w8a8_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: 
     """a (M, K) int8 or e4m3, a_scale (M, 1) fp32, w (N, K) of a's dtype, w_scale (N,) fp32
     -> (M, N) out_dtype. With SPLIT_K > 1 a second kernel adds the slices' sums: two launches, no
     host read and no atomics, so a CUDA graph captures it as it captures one."""
+    assert w.dtype == a.dtype
+    return _launch(a, a_scale, w, w_scale, bias, out_dtype, config)
+
+
+def w8a8_gemv_quantizing(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                         out_dtype: torch.dtype, qmax: float, config: dict | None = None) -> torch.Tensor:
+    """x (M <= 4, K) bf16 or fp32 rows not yet quantized, w (N, K) int8 or e4m3 (qmax: its largest
+    value), w_scale (N,) fp32 -> (M, N) out_dtype: quantize_rows then the GEMV, bit for bit, in one
+    launch. Each program finds the rows' scales itself (a first pass over x for max |x|: every
+    program the same ops, the same values), then puts each BLOCK_K chunk on the 8-bit grid in
+    registers as it streams its BLOCK_N rows of w. Why: at decode o's input (attention's output)
+    has no producer that quantizes it, and a quantizer of its own is one launch more per layer
+    (~2 us each at batch 1). The price: every program reads the rows from L2 (2 x 2K bytes a bf16
+    row, two passes) beside its BLOCK_N x K weight bytes from memory. config: a "gemv" one
+    (gemm_config's for the shape by default)."""
+    M, K = x.shape
+    cfg = dict(config or gemm_config(M, w.shape[0], K))
+    assert cfg.get("kernel") == "gemv" and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    split = cfg.get("SPLIT_K", 1)       # the sum kernel's epilogue reads the scales the GEMV writes
+    x_scale = w_scale if split == 1 else torch.empty(M, 1, dtype=torch.float32, device=x.device)
+    return _launch(x, x_scale, w, w_scale, bias, out_dtype, cfg, qmax)
+
+
+def _launch(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, config: dict | None,
+            qmax: float | None = None) -> torch.Tensor:
+    """Both entries above: a (M, K) in 8 bits with its scales, or (qmax given) float rows for the
+    GEMV to quantize, a_scale then where it writes their scales for a split-K sum."""
     M, K = a.shape
     N = w.shape[0]
-    assert a.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K and w.dtype == a.dtype
+    assert a.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
     cfg = dict(config or gemm_config(M, N, K))
     kernel, split = cfg.pop("kernel", "dot"), cfg.pop("SPLIT_K", 1)
     if kernel == "gemv":
         assert M <= GEMV_MAX_M, f"the GEMV kernel takes up to {GEMV_MAX_M} rows, not {M}"
-        cfg["BLOCK_M"] = triton.next_power_of_2(M)
-    acc = torch.int32 if a.dtype == torch.int8 else torch.float32
+        cfg |= dict(BLOCK_M=triton.next_power_of_2(M), QMAX=qmax or 1.0,
+                    QUANT=0 if qmax is None else (1 if w.dtype == torch.int8 else 2))
+    acc = torch.int32 if w.dtype == torch.int8 else torch.float32
     out = torch.empty(M, N, dtype=out_dtype, device=a.device)
     # slice s sums K's [s * k_per_split, (s + 1) * k_per_split): whole BLOCK_K steps; the last slice short or empty
     k_per_split = triton.cdiv(triton.cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]

@@ -79,6 +79,9 @@ DECODE_VARIANTS = [dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, num_warps=4, num_sta
                    dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2),
                    dict(kernel="gemv", BLOCK_N=4, BLOCK_K=64, num_warps=4, num_stages=1),
                    dict(kernel="gemv", BLOCK_N=8, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=1)]
+# The quantizing GEMV's (M, N, K, bias?, zero row?): K = 300 in slices 128, 128, 44, K = 100 in 64, 36, none
+QUANTIZING_CHECK = [(1, 21, 300, False, False), (2, 13, 100, True, True), (3, 21, 300, True, False),
+                    (4, 13, 100, False, True)]
 INTERPRETED = f"""
 import json
 import torch
@@ -87,6 +90,7 @@ kernel_bench.CHECK_SHAPES = [(1, 77, 300), (17, 40, 96)]
 kernel_bench.DECODE_CHECK = [((1, 37, 300), (False, True)), ((3, 21, 100), (True, False)),
                              ((16, 20, 300), (False, False))]
 kernel_bench.CANDIDATES = {{kernel_bench.tile_name(c): c for c in {DECODE_VARIANTS!r}}}
+kernel_bench.QUANTIZING_CHECK = {QUANTIZING_CHECK!r}
 torch.manual_seed(0)
 print(json.dumps(kernel_bench.check("cpu")))
 """
@@ -117,6 +121,18 @@ def test_decode_variants_equal_the_exact_sums(variant):
     for c in runs:
         err = c["metrics"]["max_err_frac"]
         assert (err < 1e-2 if c["setting"]["fp8"] else err == 0.0), c
+
+
+def test_the_quantizing_gemv_equals_quantize_rows_then_the_gemv():
+    """The GEMV that quantizes its float rows itself (o's input at decode): bit for bit what
+    quantize_rows then the GEMV give, at M = 1..4, int8 and e4m3, one slice of K and three (the
+    scales written for the sum kernel), with and without a bias, a zero row among the rows."""
+    runs = [c for c in interpreted_checks() if c["setting"].get("quantizing_gemv")]
+    assert {(c["setting"]["M"], c["setting"]["fp8"], c["setting"]["config"].get("SPLIT_K", 1)) for c in runs} == \
+        {(M, fp8, split) for M in (1, 2, 3, 4) for fp8 in (False, True) for split in (1, 3)}
+    assert {(c["setting"]["bias"], c["setting"]["zero_row"]) for c in runs} >= \
+        {(False, True), (True, True), (True, False)}
+    assert all(c["metrics"]["exact"] and c["ok"] for c in runs), [c for c in runs if not c["metrics"]["exact"]]
 
 
 def test_decode_table_takes_a_shape_before_the_rule(monkeypatch):
