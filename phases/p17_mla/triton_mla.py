@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRETED, choose_num_splits, combine_splits, launch_options
+from .triton_decode import INTERPRETED, choose_num_splits, combine_splits, gdc_launch_dependents, launch_options, use_pdl
 
 # Launch shape from `make phase-17 bench PART=kernel-tune` on an H200
 # (kernel-tune-h200.json in its results): tiles of 32 cached rows (32 x 576 bf16 = 36 KB), 4 warps,
@@ -79,11 +79,15 @@ def _latent_split_kernel(q_ptr, pool_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, s
                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                          H: tl.constexpr, R: tl.constexpr, RV: tl.constexpr, P: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                         UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
+                         UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program (half, b, s): every head of sequence b over split s of its cached rows, accumulating
     the RV value columns [half * RV, (half + 1) * RV): all R of them, or a half (the value split).
     TILE_IN_PAGE (PAGE a multiple of BLOCK_N): a tile never crosses a page (splits start on whole
-    tiles), so one page id a tile and BLOCK_N consecutive rows; else a page id a row (a gather)."""
+    tiles), so one page id a tile and BLOCK_N consecutive rows; else a page id a row (a gather).
+    PDL: the combine may launch now (triton_decode.use_pdl)."""
+    if PDL:
+        gdc_launch_dependents()
     half, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + b)
     chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N   # rows per split, whole tiles
@@ -153,20 +157,21 @@ def partials_dtype(dtype: torch.dtype, num_splits: int) -> torch.dtype:
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  rank: int, scale: float, num_splits: int = 1, **launch) -> torch.Tensor:
+                  rank: int, scale: float, num_splits: int = 1, pdl: bool = True, **launch) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
-    launch: latent_splits' keywords (the tune's). No host read of device data, grids
-    (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
-    out, partials, lse = latent_splits(q, pool, block_tables, context_lens, rank, scale, num_splits, **launch)
+    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; False: the
+    tune's control). launch: latent_splits' keywords (the tune's). No host read of device data,
+    grids (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
+    out, partials, lse = latent_splits(q, pool, block_tables, context_lens, rank, scale, num_splits, pdl=pdl, **launch)
     if num_splits > 1:
-        combine_splits(partials, lse, out, num_splits)
+        combine_splits(partials, lse, out, num_splits, pdl)
     return out
 
 
 def latent_splits(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   rank: int, scale: float, num_splits: int = 1, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None, value_split: int = VALUE_SPLIT,
-                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE):
+                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE, pdl: bool = True):
     """The split kernel alone (latent_decode without the combine; the tune times it alone too):
     -> (out (B, H, rank), partials (B, H, S, rank), LSEs (B, H, S)); with one split `out` is the
     answer and the other two are `out` itself. value_split, partial_dtype, head_tile: the variants
@@ -196,5 +201,6 @@ def latent_splits(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1),
         H=H, R=rank, RV=rank // value_split, P=rope, PAGE=page, BLOCK_H=max(head_tile, triton.next_power_of_2(H)),
         BLOCK_P=max(16, triton.next_power_of_2(rope)), BLOCK_N=block_n, UPCAST=INTERPRETED,
-        WRITE_LSE=num_splits > 1, TILE_IN_PAGE=page % block_n == 0, **launch_options(num_warps, num_stages))
+        WRITE_LSE=num_splits > 1, TILE_IN_PAGE=page % block_n == 0,
+        PDL=pdl and num_splits > 1 and use_pdl(q.device), **launch_options(num_warps, num_stages))
     return out, o, lse

@@ -33,6 +33,7 @@ q's dtype. A speculative verify's lanes are rows like any other (each its own le
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -42,6 +43,20 @@ import triton.language as tl
 
 # Under TRITON_INTERPRET=1 (CPU) the interpreter computes bf16 wrongly: loads are cast to fp32.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+try:                       # programmatic dependent launch (use_pdl): a Triton that has it
+    from triton.backends.nvidia.compiler import CUDAOptions
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    PDL_IN_TRITON = "launch_pdl" in CUDAOptions.__dataclass_fields__
+except ImportError:
+    PDL_IN_TRITON = False
+
+    @triton.jit
+    def gdc_launch_dependents():                              # never called: PDL is False then
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
 
 MAX_SPLITS = 128           # more partials than this cost more to combine than they gain
 MIN_TILES_PER_SPLIT = 4    # a split shorter than this is mostly prologue (q load) and epilogue (stores)
@@ -107,7 +122,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scal
                   G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, S: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
                   WRITE_LSE: tl.constexpr, out_ptr, count_ptr, stride_outb, stride_outh,
-                  FUSE: tl.constexpr, BLOCK_S: tl.constexpr):
+                  FUSE: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """Program (b, kv, s): the G query heads of KV head kv over split s of sequence b's keys.
 
     Writes o[b, kv*G + g, s, :] = acc / l (o_ptr's dtype: fp32 scratch, or q's dtype when S == 1
@@ -115,8 +130,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr, lse_ptr, scal
     FUSE: the combine without a second kernel. Each program counts itself done on count[b, kv]
     (an atomic add, after its stores); the one that brings the count to S is the group's last, so
     every partial of the group is written: it merges the G rows into out and resets the count to
-    0 for the next call (or graph replay).
+    0 for the next call (or graph replay). PDL: the combine kernel may launch now (use_pdl).
     """
+    if PDL:
+        gdc_launch_dependents()
     b, kv, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + b)
     chunk = tl.cdiv(tl.cdiv(length, S), BLOCK_N) * BLOCK_N  # keys per split, whole tiles
@@ -161,18 +178,21 @@ def _merge_row(o_ptr, lse_ptr, out_ptr, stride_os, dims, S: tl.constexpr, BLOCK_
     """One row: out[dims] = sum_s w_s o[s, dims] / sum_s w_s, w_s = exp(lse_s - max lse).
 
     o_ptr, lse_ptr, out_ptr point at the row's partials (S, D), LSEs (S,) and output (D,).
-    An empty split (lse -inf) weighs 0 and its partial is not even read, so scratch that was never
-    written cannot leak in. A row with no keys at all (length 0) gets zeros. CACHE: the loads'
-    cache modifier (".cg", L2 only, where other programs of the same kernel wrote the partials).
+    An empty split (lse -inf) weighs 0 and its partial, scratch that may never have been written
+    (any bits, NaN included), is replaced by 0 before it is weighed. Both loads issue at once: the
+    partials' addresses do not wait on the LSEs (one trip to memory, not two). A row with no keys
+    at all (length 0) gets zeros. CACHE: the loads' cache modifier (".cg", L2 only, where other
+    programs of the same kernel wrote the partials).
     """
     splits = tl.arange(0, BLOCK_S)
     lse = tl.load(lse_ptr + splits, mask=splits < S, other=float("-inf"), cache_modifier=CACHE)
+    o = tl.load(o_ptr + splits[:, None] * stride_os + dims[None, :], mask=(splits < S)[:, None], other=0.0,
+                cache_modifier=CACHE)                         # (BLOCK_S, D)
     full = lse > float("-inf")                                # (BLOCK_S,) splits that saw keys
+    o = tl.where(full[:, None], o.to(tl.float32), 0.0)
     top = tl.max(lse, axis=0)
     top = tl.where(top > float("-inf"), top, 0.0)             # finite, so exp(-inf - top) = 0: empty weighs 0
     w = tl.exp(lse - top)                                     # the largest split weighs 1
-    o = tl.load(o_ptr + splits[:, None] * stride_os + dims[None, :], mask=full[:, None], other=0.0,
-                cache_modifier=CACHE)                         # (BLOCK_S, D) fp32
     total = tl.sum(w, axis=0)                                 # >= 1, or 0 when no split saw keys
     out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + dims, out.to(out_ptr.dtype.element_ty))
@@ -180,10 +200,13 @@ def _merge_row(o_ptr, lse_ptr, out_ptr, stride_os, dims, S: tl.constexpr, BLOCK_
 
 @triton.jit
 def _combine_kernel(o_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                    stride_outb, stride_outh, S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+                    stride_outb, stride_outh, S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                    PDL: tl.constexpr):
     """Program (b, h, d): row h of sequence b merged (_merge_row) over BLOCK_D of the head's dims
     (MLA's 512-wide latent heads are merged by several programs, each holding a (BLOCK_S, BLOCK_D)
     tile instead of (S, 512))."""
+    if PDL:
+        gdc_wait()                                            # the split kernel's partials are written
     b, h = tl.program_id(0), tl.program_id(1)
     dims = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     _merge_row(o_ptr + b * stride_ob + h * stride_oh, lse_ptr + b * stride_lb + h * stride_lh,
@@ -193,6 +216,17 @@ def _combine_kernel(o_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, stride_os, st
 def launch_options(num_warps: int, num_stages: int) -> dict:
     """Triton's launch options; the interpreter runs a program as plain Python and takes none."""
     return {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
+
+
+@functools.cache
+def use_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch for the combine: Hopper on (griddepcontrol), compiled kernels
+    only, where this Triton has it. The split kernel lets its dependents launch as soon as each
+    of its programs has started; the combine's programs then take free SM slots during the split
+    kernel's tail and wait there (gdc_wait) for its writes: the launch gap between the two kernels
+    of a graph is hidden. A CUDA graph captures the dependency as a programmatic edge."""
+    return (not INTERPRETED and PDL_IN_TRITON and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def alloc_scratch(batch: int, heads: int, num_splits: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,18 +247,21 @@ def alloc_counters(batch: int, kv_heads: int, device) -> torch.Tensor:
 COMBINE_TILE = 4096     # floats one combine program holds: p15's widest case (32 splits x 128 dims)
 
 
-def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> torch.Tensor:
+def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int,
+                   pdl: bool = True) -> torch.Tensor:
     """Merge the first num_splits partials of each (b, h) into out (B, H, D): programs of
     (row, a slice of BLOCK_D dims), the slice as wide as COMBINE_TILE allows at this split count
-    (a GQA head at <= 32 splits: one slice; a 512-wide latent head at 256 splits: 32 slices of 16)."""
+    (a GQA head at <= 32 splits: one slice; a 512-wide latent head at 256 splits: 32 slices of 16).
+    pdl: launched as the split kernel's programmatic dependent where use_pdl allows."""
     B, H, D = out.shape
     assert partial.stride(-1) == 1 and lse.stride(-1) == 1 and out.stride(-1) == 1
     block_s = triton.next_power_of_2(num_splits)
     block_d = min(D, max(16, COMBINE_TILE // block_s))
+    pdl = pdl and use_pdl(out.device)
     _combine_kernel[(B, H, triton.cdiv(D, block_d))](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-        S=num_splits, BLOCK_D=block_d, BLOCK_S=block_s)
+        S=num_splits, BLOCK_D=block_d, BLOCK_S=block_s, PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -232,7 +269,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
                    context_lens: torch.Tensor, num_splits: int = 1, block_n: int | None = None,
                    out: torch.Tensor | None = None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
                    num_warps: int | None = None, num_stages: int | None = None,
-                   counters: torch.Tensor | None = None) -> torch.Tensor:
+                   counters: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
     """Decode attention of q (B, H, D) over each sequence's first context_lens[b] keys, split S ways.
 
     No host reads of device data, and grids of (B, KV, S) and (B, H): capturable in a CUDA graph.
@@ -243,6 +280,8 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     (b, kv) merges the splits itself and no combine kernel is launched (FUSE in _split_kernel).
     The engine does not: the kernel-tune sweep measured it slower at every split shape (a few
     programs merging after all the others beat one launch saved inside a graph).
+    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; the engine's
+    default; False only for the kernel bench's control).
     """
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape
@@ -273,9 +312,10 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
         G=G, D=D, PAGE=page, S=num_splits, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=block_n,
         UPCAST=INTERPRETED, WRITE_LSE=num_splits > 1, out_ptr=out, count_ptr=counters if fuse else out,
         stride_outb=out.stride(0), stride_outh=out.stride(1), FUSE=fuse,
+        PDL=pdl and num_splits > 1 and not fuse and use_pdl(q.device),
         BLOCK_S=triton.next_power_of_2(num_splits), **launch_options(num_warps, num_stages))
     if num_splits > 1 and not fuse:
-        combine_splits(o, lse, out, num_splits)
+        combine_splits(o, lse, out, num_splits, pdl)
     return out
 
 
