@@ -17,7 +17,7 @@ class EngineConfig:
     dtype: str | None = None         # default: bfloat16 on cuda, float32 on cpu
     max_model_len: int | None = None  # prompt + output tokens; default: the model's max position
     seed: int = 0                    # weights of random presets, and unseeded sampling
-    block_size: int = 16             # tokens per KV block
+    block_size: int | None = None    # tokens per KV block; default 16, 64 for MLA on a GPU (resolve_block_size)
     gpu_memory_utilization: float = 0.9  # share of the GPU memory free after loading for the KV pool
     cpu_kv_cache_bytes: int = 512 << 20  # KV pool size on CPU (no free-memory query there)
     kv_cache_bytes: int | None = None  # KV pool size on any device, overriding both of the above
@@ -64,7 +64,9 @@ class EngineConfig:
         self.torch_dtype = parse_dtype(self.dtype)
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        for name in ("block_size", "cpu_kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size <= 0):
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+        for name in ("cpu_kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
                      "max_num_partial_prefills", "cuda_graph_max_batch"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -128,6 +130,15 @@ class EngineConfig:
         if isinstance(self.distributed_timeout_s, bool) or not isinstance(self.distributed_timeout_s, (int, float)) \
                 or not self.distributed_timeout_s > 0:
             raise ValueError(f"distributed_timeout_s must be a positive number, got {self.distributed_timeout_s!r}")
+
+    def resolve_block_size(self, is_mla: bool) -> int:
+        """The block size asked for, else 16; an MLA model on a GPU gets 64 (FlashMLA's page): its
+        latent kernel reads 32- or 64-row tiles, and a tile inside one page takes one page id and
+        consecutive rows where pages of 16 gather a page id a row (triton_mla: the kernel-tune
+        sweep, pages of 16 against 64). The CPU's torch reference does not care: 16 there."""
+        if self.block_size is None:
+            self.block_size = 64 if is_mla and self.device.startswith("cuda") else 16
+        return self.block_size
 
     def resolve_max_model_len(self, model_max_position: int) -> int:
         if self.max_model_len is None:

@@ -5,13 +5,15 @@
    (padded) and 64, at 1, 2, 3 and 8 splits (more splits than tiles included), at the engine's
    launch and the variants the tune times (CHECK_VARIANTS); tolerance 1e-4 in the interpreter
    (fp32), 2e-2 on a GPU (bf16) and wherever the partials are bf16.
-2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 16),
-   batch 1 to 64 x contexts 1k to 32k: the split count the kernel chooses ("triton") and one split
-   ("triton 1 split"), and at batch 1 and 4 the counts around the chosen one ("triton S=n": the
-   data the split rule answers to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16
-   values a token) against the copy bandwidth measured in the same run.
+2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 64:
+   the engine's for MLA on a GPU), batch 1 to 64 x contexts 1k to 32k: the split count the kernel
+   chooses ("triton"), the same with the combine launched after the split kernel instead of as its
+   programmatic dependent ("triton no PDL"), one split ("triton 1 split"), and at batch 1 and 4
+   the counts around the chosen one ("triton S=n": the data the split rule answers to), each call
+   replayed in a CUDA graph, as GB/s of cached rows read (576 bf16 values a token) against the copy
+   bandwidth measured in the same run.
 3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) x
-   page size (TUNE_PAGES) at the split counts of 1-4 programs an SM on TUNE_SHAPES, each call
+   page size (TUNE_PAGES) x PDL on and off at the split counts of 1-4 programs an SM on TUNE_SHAPES, each call
    checked against the reference and timed whole and with its split kernel alone, written to
    kernel-tune-<device>.json: the data triton_mla's launch constants are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
@@ -50,7 +52,7 @@ CHECK_VARIANTS = ({}, {"value_split": 2}, {"partial_dtype": torch.bfloat16},
                   {"value_split": 2, "head_tile": 64, "partial_dtype": torch.bfloat16})
 CONTEXTS, BATCHES = (1024, 4096, 16384, 32768), (1, 4, 16, 64)
 SWEEP_SPLITS = (16, 32, 64, 128, 256)     # at batch 1 and 4: the split counts around the chosen one
-HEADS, RANK, ROPE, PAGE = 16, 512, 64, 16
+HEADS, RANK, ROPE, PAGE = 16, 512, 64, 64     # PAGE: the engine's for MLA on a GPU
 
 
 def random_case(B, heads, rank, rope, page, lens, device, dtype):
@@ -98,7 +100,7 @@ def check(device: str, dtype: torch.dtype) -> list[dict]:
 def describe(setting: dict) -> str:
     """A launch and variant in a line: 'n=32 w=4 st=2 v=2 h=16 bf16 S=64' (what the setting has)."""
     names = (("block_n", "n="), ("num_warps", "w="), ("num_stages", "st="), ("value_split", "v="),
-             ("head_tile", "h="), ("partial_dtype", ""), ("num_splits", "S="))
+             ("head_tile", "h="), ("partial_dtype", ""), ("pdl", "pdl="), ("num_splits", "S="))
     return " ".join(f"{short}{setting[key]}".replace("bfloat16", "bf16").replace("float32", "fp32")
                     for key, short in names if key in setting)
 
@@ -112,9 +114,12 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
         chosen = choose_latent_splits(B, sms, context)
         row_bytes = B * context * (RANK + ROPE) * 2                   # each cached row read once
         sweep = [(f"triton S={s}", s) for s in SWEEP_SPLITS if B <= 4 and s != chosen]
-        for name, splits in (("triton", chosen), ("triton 1 split", 1), *sweep):
+        control = [("triton no PDL", chosen)] if chosen > 1 else []   # the combine launched after, not beside
+        for name, splits in (("triton", chosen), ("triton 1 split", 1), *control, *sweep):
+            pdl = name != "triton no PDL"
             us = 1e3 * triton.testing.do_bench_cudagraph(
-                lambda: latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, splits), rep=50, return_mode="median")
+                lambda: latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, splits, pdl=pdl), rep=50,
+                return_mode="median")
             gb_s = row_bytes / (us * 1e-6) / 1e9
             results.append({"engine": name, "preset": "mla-lite", "timer": "cudagraph",
                             "setting": {"batch": B, "context": context, "page": PAGE, "heads": HEADS,
@@ -138,26 +143,30 @@ TUNE_SHAPES = ((1, 32768), (4, 32768), (64, 4096))
 # stages) and deeper pipelines of smaller tiles: bytes in flight a program (a 64-row tile is 72 KB;
 # one program per SM at batch 1 read 17 GB/s, 132 of them 2.2 TB/s at most). 64 rows x 3 stages
 # would need 216 KB of shared memory: a launch that does not compile is reported and skipped.
-TUNE_LAUNCH = [(32, 4, 2), (64, 8, 2), (16, 4, 3), (16, 4, 4), (32, 4, 3), (32, 8, 3), (32, 8, 4), (64, 8, 3)]
+# The third sweep (history/, git 28de14f, before PDL) timed eight: 16-row tiles on 3-4 stages lost
+# 20-45% at batch 1 and 32 rows on 8 warps 15-60%; the four below were within 5% of each shape's best.
+TUNE_LAUNCH = [(32, 4, 2), (32, 4, 3), (64, 8, 2), (64, 8, 3)]
 TUNE_WAVES = (1, 2, 4)      # 8 never won (batch 4 / 32k: 256 splits 80 us, 64 splits 65 us)
 # Pages of 16 (the engine's) and 64 (FlashMLA's): at 64 every tile lies in one page (TILE_IN_PAGE:
 # one page id a tile, consecutive rows) where at 16 a 32- or 64-row tile gathers a page id a row.
 TUNE_PAGES = (16, 64)
-# about 3 minutes on an H100: 8 launches x 2 pages x 3 shapes x <= 3 split counts, each timed twice
-# (the split kernel alone, then with the combine), ~24 compiles
+# The combine as the split kernel's programmatic dependent (triton_decode.use_pdl), and not.
+TUNE_PDL = (True, False)
+# about 2 minutes on an H100: 4 launches x 2 pages x 2 x 3 shapes x <= 3 split counts, each timed
+# twice (the split kernel alone, then with the combine)
 TUNE_TOLERANCE = 2e-2       # check()'s, in bf16
 
 
 def tune_settings(B: int, context: int, page: int, sms: int):
-    """(setting, latent_decode's keywords) for every launch x split count at one page size. The
-    split counts aim for 1, 2 and 4 programs an SM."""
-    for block_n, warps, stages in TUNE_LAUNCH:
+    """(setting, latent_decode's keywords) for every launch x split count x PDL at one page size.
+    The split counts aim for 1, 2 and 4 programs an SM; one split has no combine (PDL moot)."""
+    for (block_n, warps, stages), pdl in itertools.product(TUNE_LAUNCH, TUNE_PDL):
         splits = sorted({choose_num_splits(B, 1, sms, context, block_n=block_n, waves=w, max_splits=1024)
                          for w in TUNE_WAVES})
-        for S in splits:
-            options = {"num_splits": S, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        for S in (S for S in splits if S > 1 or pdl):
+            options = {"num_splits": S, "block_n": block_n, "num_warps": warps, "num_stages": stages, "pdl": pdl}
             setting = {"batch": B, "context": context, "page": page, "heads": HEADS, "block_n": block_n,
-                       "num_warps": warps, "num_stages": stages,
+                       "num_warps": warps, "num_stages": stages, "pdl": pdl,
                        **variant(partial_dtype=partials_dtype(torch.bfloat16, S)), "num_splits": S}
             yield setting, options
 
