@@ -10,8 +10,8 @@
    shapes (32 query heads, 8 KV heads, head dim 64 and 128), pages of 16 and 128: the kernel with
    the split count it chooses ("triton"), with one split ("triton 1 split": the previous phase's
    algorithm, one program per sequence and KV head, at this kernel's one-split launch shape), the
-   chosen split count with the combine launched after the split kernel instead of as its
-   programmatic dependent ("triton no PDL": where it splits), FlashAttention 4 paged (when installed) and the
+   chosen split count with the combine launched as the split kernel's programmatic dependent
+   ("triton PDL": where it splits; the engine's default is not to), FlashAttention 4 paged (when installed) and the
    torch reference (gather + SDPA, small inputs) on the same inputs, as GB/s of K/V read against
    the copy bandwidth measured in the same run. Inputs over MAX_KV_BYTES of K/V are skipped. Each call is timed inside a CUDA graph,
    replayed (triton.testing.do_bench_cudagraph): a small shape's kernel takes microseconds, less
@@ -120,8 +120,8 @@ def implementations(case, splits: int) -> dict:
     q, k_pages, v_pages, _, table, lens = case
     impls = {"triton": lambda: paged_decode(q, k_pages, v_pages, table, lens, splits),
              "triton 1 split": lambda: paged_decode(q, k_pages, v_pages, table, lens, 1)}
-    if splits > 1:          # the control: the combine launched after the split kernel, not as its dependent
-        impls["triton no PDL"] = lambda: paged_decode(q, k_pages, v_pages, table, lens, splits, pdl=False)
+    if splits > 1:          # the combine as the split kernel's programmatic dependent (off in the engine)
+        impls["triton PDL"] = lambda: paged_decode(q, k_pages, v_pages, table, lens, splits, pdl=True)
     try:
         from flash_attn.cute import flash_attn_varlen_func
         impls["flash-attn"] = lambda: flash_attn_varlen_func(q.unsqueeze(1), k_pages, v_pages, seqused_k=lens,
@@ -172,7 +172,7 @@ def time_case(device: str, preset: str, D: int, B: int, context: int, page: int,
         gb_s = kv_bytes / (us * 1e-6) / 1e9
         results.append({"engine": name, "preset": preset,
                         "setting": {"batch": B, "context": context, "page": page, "heads": H, "kv_heads": KV,
-                                    "head_dim": D, "num_splits": splits if name in ("triton", "triton no PDL") else 1},
+                                    "head_dim": D, "num_splits": splits if name in ("triton", "triton PDL") else 1},
                         "metrics": {"us": us, "kv_gb_s": gb_s, "copy_frac": gb_s * 1e9 / copy_bytes_per_s},
                         "timer": timer})
         print(f"[kernel] {preset} {name:<14} B={B:<3} context={context:<6} page={page:<4} S={splits:<3} "

@@ -215,6 +215,12 @@ def launch_options(num_warps: int, num_stages: int) -> dict:
     return {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
 
 
+# The combine as a programmatic dependent (use_pdl) by default: not yet. Written and checked on a
+# CPU, where it cannot run; the kernel benches time it ("triton PDL" rows, the p17 tune's pdl=True)
+# against the plain launch before the engine takes it.
+PDL_DEFAULT = False
+
+
 @functools.cache
 def use_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch for the combine: Hopper on (griddepcontrol), compiled kernels
@@ -242,7 +248,7 @@ def alloc_counters(batch: int, kv_heads: int, device) -> torch.Tensor:
 
 
 def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int,
-                   pdl: bool = True) -> torch.Tensor:
+                   pdl: bool = PDL_DEFAULT) -> torch.Tensor:
     """Merge the first num_splits partials of each (b, h) into out (B, H, D): one program per row.
     pdl: launched as the split kernel's programmatic dependent where use_pdl allows."""
     B, H, D = out.shape
@@ -259,7 +265,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
                    context_lens: torch.Tensor, num_splits: int = 1, block_n: int | None = None,
                    out: torch.Tensor | None = None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
                    num_warps: int | None = None, num_stages: int | None = None,
-                   counters: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+                   counters: torch.Tensor | None = None, pdl: bool = PDL_DEFAULT) -> torch.Tensor:
     """Decode attention of q (B, H, D) over each sequence's first context_lens[b] keys, split S ways.
 
     No host reads of device data, and grids of (B, KV, S) and (B, H): capturable in a CUDA graph.
@@ -270,8 +276,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     (b, kv) merges the splits itself and no combine kernel is launched (FUSE in _split_kernel).
     The engine does not: the kernel-tune sweep measured it slower at every split shape (a few
     programs merging after all the others beat one launch saved inside a graph).
-    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; the engine's
-    default; False only for the kernel bench's control).
+    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; default PDL_DEFAULT).
     """
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape

@@ -218,6 +218,12 @@ def launch_options(num_warps: int, num_stages: int) -> dict:
     return {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
 
 
+# The combine as a programmatic dependent (use_pdl) by default: not yet. Written and checked on a
+# CPU, where it cannot run; the kernel benches time it ("triton PDL" rows, the p17 tune's pdl=True)
+# against the plain launch before the engine takes it.
+PDL_DEFAULT = False
+
+
 @functools.cache
 def use_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch for the combine: Hopper on (griddepcontrol), compiled kernels
@@ -248,7 +254,7 @@ COMBINE_TILE = 4096     # floats one combine program holds: p15's widest case (3
 
 
 def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int,
-                   pdl: bool = True) -> torch.Tensor:
+                   pdl: bool = PDL_DEFAULT) -> torch.Tensor:
     """Merge the first num_splits partials of each (b, h) into out (B, H, D): programs of
     (row, a slice of BLOCK_D dims), the slice as wide as COMBINE_TILE allows at this split count
     (a GQA head at <= 32 splits: one slice; a 512-wide latent head at 256 splits: 32 slices of 16).
@@ -269,7 +275,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
                    context_lens: torch.Tensor, num_splits: int = 1, block_n: int | None = None,
                    out: torch.Tensor | None = None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
                    num_warps: int | None = None, num_stages: int | None = None,
-                   counters: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+                   counters: torch.Tensor | None = None, pdl: bool = PDL_DEFAULT) -> torch.Tensor:
     """Decode attention of q (B, H, D) over each sequence's first context_lens[b] keys, split S ways.
 
     No host reads of device data, and grids of (B, KV, S) and (B, H): capturable in a CUDA graph.
@@ -280,8 +286,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
     (b, kv) merges the splits itself and no combine kernel is launched (FUSE in _split_kernel).
     The engine does not: the kernel-tune sweep measured it slower at every split shape (a few
     programs merging after all the others beat one launch saved inside a graph).
-    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; the engine's
-    default; False only for the kernel bench's control).
+    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; default PDL_DEFAULT).
     """
     B, H, D = q.shape
     _, page, KV, _ = k_pages.shape

@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import INTERPRETED, choose_num_splits, combine_splits, gdc_launch_dependents, launch_options, use_pdl
+from .triton_decode import (INTERPRETED, PDL_DEFAULT, choose_num_splits, combine_splits, gdc_launch_dependents,
+                            launch_options, use_pdl)
 
 # Launch shape from `make phase-17 bench PART=kernel-tune` on an H200
 # (kernel-tune-h200.json in its results): tiles of 32 cached rows (32 x 576 bf16 = 36 KB), 4 warps,
@@ -157,10 +158,10 @@ def partials_dtype(dtype: torch.dtype, num_splits: int) -> torch.dtype:
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  rank: int, scale: float, num_splits: int = 1, pdl: bool = True, **launch) -> torch.Tensor:
+                  rank: int, scale: float, num_splits: int = 1, pdl: bool = PDL_DEFAULT, **launch) -> torch.Tensor:
     """q (B, H, W) over each sequence's first context_lens[b] cached rows of `pool`; -> (B, H, rank).
-    pdl: the combine launched as the split kernel's programmatic dependent (use_pdl; False: the
-    tune's control). launch: latent_splits' keywords (the tune's). No host read of device data,
+    pdl: the combine launched as the split kernel's programmatic dependent (triton_decode.use_pdl,
+    default PDL_DEFAULT). launch: latent_splits' keywords (the tune's). No host read of device data,
     grids (value_split, B, S) and (B, H, slices): capturable in a CUDA graph."""
     out, partials, lse = latent_splits(q, pool, block_tables, context_lens, rank, scale, num_splits, pdl=pdl, **launch)
     if num_splits > 1:
@@ -171,7 +172,7 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tenso
 def latent_splits(q: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   rank: int, scale: float, num_splits: int = 1, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None, value_split: int = VALUE_SPLIT,
-                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE, pdl: bool = True):
+                  partial_dtype: torch.dtype | None = None, head_tile: int = HEAD_TILE, pdl: bool = PDL_DEFAULT):
     """The split kernel alone (latent_decode without the combine; the tune times it alone too):
     -> (out (B, H, rank), partials (B, H, S, rank), LSEs (B, H, S)); with one split `out` is the
     answer and the other two are `out` itself. value_split, partial_dtype, head_tile: the variants

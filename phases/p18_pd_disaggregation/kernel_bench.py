@@ -7,8 +7,8 @@
    (fp32), 2e-2 on a GPU (bf16) and wherever the partials are bf16.
 2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 64:
    the engine's for MLA on a GPU), batch 1 to 64 x contexts 1k to 32k: the split count the kernel
-   chooses ("triton"), the same with the combine launched after the split kernel instead of as its
-   programmatic dependent ("triton no PDL"), one split ("triton 1 split"), and at batch 1 and 4
+   chooses ("triton"), the same with the combine launched as the split kernel's programmatic
+   dependent ("triton PDL"; the engine's default is not to), one split ("triton 1 split"), and at batch 1 and 4
    the counts around the chosen one ("triton S=n": the data the split rule answers to), each call
    replayed in a CUDA graph, as GB/s of cached rows read (576 bf16 values a token) against the copy
    bandwidth measured in the same run.
@@ -114,9 +114,9 @@ def time_grid(device: str, copy_bytes_per_s: float) -> list[dict]:
         chosen = choose_latent_splits(B, sms, context)
         row_bytes = B * context * (RANK + ROPE) * 2                   # each cached row read once
         sweep = [(f"triton S={s}", s) for s in SWEEP_SPLITS if B <= 4 and s != chosen]
-        control = [("triton no PDL", chosen)] if chosen > 1 else []   # the combine launched after, not beside
-        for name, splits in (("triton", chosen), ("triton 1 split", 1), *control, *sweep):
-            pdl = name != "triton no PDL"
+        dependent = [("triton PDL", chosen)] if chosen > 1 else []    # the combine as a programmatic dependent
+        for name, splits in (("triton", chosen), ("triton 1 split", 1), *dependent, *sweep):
+            pdl = name == "triton PDL"
             us = 1e3 * triton.testing.do_bench_cudagraph(
                 lambda: latent_decode(q, pool, table, lens, RANK, 192 ** -0.5, splits, pdl=pdl), rep=50,
                 return_mode="median")

@@ -37,6 +37,11 @@ MODES = ("w8a8", "w8a8-nosmooth", "fp8")   # the quantization= choices (None: th
 INT8_MAX = 127.0
 FP8_MAX = 448.0                            # e4m3's largest finite value
 TRITON_MAX_M = 16                          # fp8 on a GPU: Triton at or below, _scaled_mm above
+# o's float input at decode quantized inside its GEMV (triton_int8.w8a8_gemv_quantizing: one launch
+# fewer a layer, the row read from L2 by every program) instead of by quantize_rows first. Bit for
+# bit the same output (tested in the interpreter); off until the gemm part's "gemv quantizing"
+# against "quantize then gemv" rows have timed it on a GPU.
+QUANTIZING_GEMV = False
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +176,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor | Quantized) -> torch.Tensor:
         """x (M, K) float, or quantized by the norm before -> (M, N) in the model's dtype."""
-        if not isinstance(x, Quantized) and x.is_cuda:
+        if QUANTIZING_GEMV and not isinstance(x, Quantized) and x.is_cuda:
             from .triton_int8 import gemm_config, w8a8_gemv_quantizing     # triton: imported where it runs
             config = gemm_config(x.shape[0], self.out_features, self.in_features)
             if config.get("kernel") == "gemv":      # o at decode: the GEMV quantizes x itself, one launch

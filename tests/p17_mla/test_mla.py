@@ -122,8 +122,13 @@ llm.runner.graphs = GraphRunner(llm.model, llm.cache, llm.runner.backend, bucket
                                 width=-(-llm.max_model_len // llm.cache.block_size),
                                 scratch_block=llm.cache.scratch_block, capture=False)
 lanes = [o.token_ids for o in llm.generate(prompts, params)]
+# pages of 64 (MLA's default on a GPU): every tile inside one page (TILE_IN_PAGE), a prompt over two pages
+long = [prompts[0], list(range(40, 140)), prompts[2]]
+page64 = dict(opts, block_size=64, kv_cache_bytes=1 << 21)
+want64 = [o.token_ids for o in LLM("tiny-mla", attention_backend="torch", **page64).generate(long, params)]
+got64 = [o.token_ids for o in LLM("tiny-mla", attention_backend="triton", **page64).generate(long, params)]
 print(json.dumps({{"kernel": max(errs["fp32"]), "bf16_partials": max(errs["bf16"]), "eager": eager == want,
-                  "lanes": lanes == want}}))
+                  "lanes": lanes == want, "page64": got64 == want64}}))
 """
 
 
@@ -145,6 +150,24 @@ def test_latent_kernel_matches_the_reference_at_1_to_5_splits(interpreted):
 def test_engine_on_the_latent_kernel_gives_the_reference_tokens(interpreted):
     """Eager steps, and the graph runner's padded lanes (its CPU stand-in): the torch reference's tokens."""
     assert interpreted["eager"] and interpreted["lanes"]
+
+
+def test_pages_of_64_give_the_reference_tokens(interpreted):
+    """block_size 64, MLA's default on a GPU (config.resolve_block_size): the kernel reads each tile
+    from one page; a 100-token prompt spans two. Same tokens as the torch reference."""
+    assert interpreted["page64"]
+
+
+def test_mla_block_size_defaults():
+    """16 unless asked, 64 for an MLA model on a GPU (its kernel's tiles lie in one page)."""
+    from phases.p17_mla.config import EngineConfig
+    assert EngineConfig(device="cpu").resolve_block_size(is_mla=True) == 16
+    assert EngineConfig(device="cpu", block_size=32).resolve_block_size(is_mla=True) == 32
+    gpu = EngineConfig.__new__(EngineConfig)          # no GPU here: the rule alone, without __post_init__
+    gpu.block_size, gpu.device = None, "cuda"
+    assert gpu.resolve_block_size(is_mla=True) == 64
+    gpu.block_size = None
+    assert gpu.resolve_block_size(is_mla=False) == 16
 
 
 @pytest.mark.gpu
