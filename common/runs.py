@@ -38,7 +38,13 @@ WARMUP_FIX = "11ac0da"
 COLD = 0.8                        # round 0 below COLD x the later rounds' median: a cold first round
 TWIN = "#2"                       # engine suffix of an A/A control's second instance: "p06#2" (common.stats)
 # A workload without a main metric in common.report.WORKLOADS: the metric its ratios use, if any.
-OTHER_METRICS = {"profile": "wall_ms_per_step", "profile-pair": "wall_ms_per_step"}
+# Prefix caching's own parts (common.shared_prefix) compare first tokens: the no-sharing control as
+# shared-prefix does, a conversation by its last turn (the one the cache serves most).
+OTHER_METRICS = {"profile": "wall_ms_per_step", "profile-pair": "wall_ms_per_step", "acceptance": "output_tok_s",
+                 "no-sharing": "ttft_p50_ms", "multi-turn": "ttft_last_turn_p50_ms", "chat": "ttft_last_turn_p50_ms"}
+# Parts of one engine each, or kernels and checks: nothing to pair, no main metric.
+UNPAIRED = {"accuracy", "agree", "fusion", "fusion-check", "gather", "gemm", "gemm-check", "greedy-parity", "kernel",
+            "kernel-check", "kernel-tune", "pd-split", "self-draft", "syncs"}
 
 
 # --- grouping -----------------------------------------------------------------------------------

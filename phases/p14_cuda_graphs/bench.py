@@ -13,7 +13,7 @@ the same machine start (common.peer; it needs the peer's public source, see the 
 "offline-8b-peer" runs p14 alone (twice) with a pool as large as the peer's, to read beside it.
 speculation: p13's speed measurement (common.spec_decode, llama-8b, batch 1, the scripted
 proposer at acceptance 0.6/0.8/0.95, k = 4) with and without graphs: speculation over p13 and
-over p14, in one run. p14's verify steps run eagerly, so the gain it had is measured again.
+over p14, in one run. p14 replays its verify steps too (k + 1 lanes a sequence), so the gain is measured again.
 serving: the same engines behind their HTTP servers (p09's server, the engine in its own
 process), 1 to 64 streams in flight: whether the graphs' gain reaches a served user.
 profile-pair: this engine's decode step without graphs (`cuda_graph=False`, the ablation) and

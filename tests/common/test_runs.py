@@ -100,3 +100,12 @@ def test_a_cold_first_round_is_counted_per_run():
     assert runs.cold_first_round(cold) and not runs.cold_first_round(warm)
     assert runs.cold_first_round(short) is None
     assert runs.cold_text([cold, warm, short]) == "1 of 2 records"
+
+
+def test_every_recorded_workload_has_a_main_metric_or_is_unpaired():
+    """A workload that compares engines must name the metric its ratios use, or RUNS.md lists its
+    runs as "no ratios" (p13's acceptance and p12's no-sharing, multi-turn and chat once did)."""
+    workloads = {rec.get("workload") for file in (ROOT / "results").glob("*/*.json")
+                 for rec in json.loads(file.read_text())}
+    missing = {w for w in workloads if runs.main_metric(w or "") is None and w not in runs.UNPAIRED}
+    assert not missing, f"workloads with no main metric: {sorted(missing)}"
