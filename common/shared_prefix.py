@@ -275,8 +275,8 @@ def summary(records: list[dict], phase: str, device: str, preset: str) -> str:
             f"{m['ideal_hit_rate']:.1%})")
     if control:
         c, cb, ct = roles(control, phase)
-        text += (f"; no-sharing control: TTFT p50 {versus(c, cb, ct, 'ttft_p50_ms')}, output tok/s "
-                 f"{versus(c, cb, ct, 'output_tok_s')}")
+        text += (f"; no-sharing control (its own run, judged against that run's A/A): TTFT p50 "
+                 f"{versus(c, cb, ct, 'ttft_p50_ms')}, output tok/s {versus(c, cb, ct, 'output_tok_s')}")
     text += (f" (speed ratios per repeat pair, above 1: {mine['engine']} faster; judged against "
              f"{base['engine']}{stats.TWIN} over {base['engine']} on the same metric; git "
              f"{short_sha(mine['provenance']['git_sha'])}).")
