@@ -42,6 +42,9 @@ TWIN = "#2"                       # engine suffix of an A/A control's second ins
 # shared-prefix does, a conversation by its last turn (the one the cache serves most).
 OTHER_METRICS = {"profile": "wall_ms_per_step", "profile-pair": "wall_ms_per_step", "acceptance": "output_tok_s",
                  "no-sharing": "ttft_p50_ms", "multi-turn": "ttft_last_turn_p50_ms", "chat": "ttft_last_turn_p50_ms"}
+# Engine options that choose the workload, not the engine (p13's acceptance: prompts=grounded or
+# open): two engines are paired only where these agree.
+WORKLOAD_OPTIONS = ("prompts",)
 # Parts of one engine each, or kernels and checks: nothing to pair, no main metric.
 UNPAIRED = {"accuracy", "agree", "fusion", "fusion-check", "gather", "gemm", "gemm-check", "greedy-parity", "kernel",
             "kernel-check", "kernel-tune", "pd-split", "self-draft", "syncs"}
@@ -144,6 +147,11 @@ def setting_text(rec: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in setting.items()) or "standard"
 
 
+def workload_options(label: str) -> tuple[str, ...]:
+    """The label's WORKLOAD_OPTIONS words: ("prompts=open",) for "p13 prompts=open speculative=ngram"."""
+    return tuple(w for w in label.split() if w.partition("=")[0] in WORKLOAD_OPTIONS)
+
+
 def ratio_rows(recs: list[dict], phase: str) -> list[list[str]]:
     """A row per (model, setting, pair) of one run: the ratio of the main metric with its range."""
     rows = []
@@ -168,6 +176,8 @@ def ratio_rows(recs: list[dict], phase: str) -> list[list[str]]:
                 rows.append([preset, where, f"{t} vs {b} (A/A control)", key, aa_text(aa[b])])
         run_aa = next((r for r in aa.values() if r), None)
         for a, b in pairs(engines, phase):
+            if workload_options(a) != workload_options(b):
+                continue                                 # two workloads, not two engines
             ratio = report.paired_ratio(by_engine[a], by_engine[b], key)
             if ratio is None:
                 continue

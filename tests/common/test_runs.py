@@ -109,3 +109,10 @@ def test_every_recorded_workload_has_a_main_metric_or_is_unpaired():
                  for rec in json.loads(file.read_text())}
     missing = {w for w in workloads if runs.main_metric(w or "") is None and w not in runs.UNPAIRED}
     assert not missing, f"workloads with no main metric: {sorted(missing)}"
+
+
+def test_engines_on_different_prompt_sets_are_not_paired():
+    """p13's acceptance runs every engine on two prompt sets, named in the engine label: a ratio
+    across the sets compares workloads, so RUNS.md pairs within a set only."""
+    assert runs.workload_options("p13 prompts=open speculative=ngram") == ("prompts=open",)
+    assert runs.workload_options("p12#2") == ()
