@@ -143,8 +143,9 @@ TUNE_SHAPES = ((1, 32768), (4, 32768), (64, 4096))
 # stages) and deeper pipelines of smaller tiles: bytes in flight a program (a 64-row tile is 72 KB;
 # one program per SM at batch 1 read 17 GB/s, 132 of them 2.2 TB/s at most). 64 rows x 3 stages
 # would need 216 KB of shared memory: a launch that does not compile is reported and skipped.
-# The third sweep (history/, git 28de14f, before PDL) timed eight: 16-row tiles on 3-4 stages lost
-# 20-45% at batch 1 and 32 rows on 8 warps 15-60%; the four below were within 5% of each shape's best.
+# The sweep at git 28de14f (H100, before PDL; in history/ once a later sweep replaces it) timed
+# eight: at batch 1, 16-row tiles on 3-4 stages ran 23-57% behind each page size's best and 32 rows
+# on 8 warps 20-63%; the four below were within 5% of each shape's best.
 TUNE_LAUNCH = [(32, 4, 2), (32, 4, 3), (64, 8, 2), (64, 8, 3)]
 TUNE_WAVES = (1, 2, 4)      # 8 never won (batch 4 / 32k: 256 splits 80 us, 64 splits 65 us)
 # Pages of 16 (the engine's) and 64 (FlashMLA's): at 64 every tile lies in one page (TILE_IN_PAGE:

@@ -15,14 +15,16 @@ where gemm_config picks the GEMV (decode) the GEMV quantizes it itself, else a q
 of its own runs first (triton_int8.py).
 
 Which GEMM, by rows (M: a step's tokens, or a graph bucket's padded batch, a shape never a value),
-from the gemm bench on an H100 (a layer's four Linears summed, llama-1b and llama-8b, against bf16):
+from the gemm bench on an H100, weights read cold (gemm-h100.json, git 98c52fd: a layer's four
+Linears summed, llama-1b and llama-8b, against bf16):
   int8  the Triton kernel at every M on a GPU. torch._int_mm (cuBLASLt) refuses M <= 16, and above
-        that its int32 output and torch's epilogue passes over it ran 0.36-1.14x of bf16 at
-        M = 32 ... 4096, where the Triton kernel (scales applied in registers) ran 0.81-1.50x.
+        that its int32 output and torch's epilogue passes over it ran 0.36-1.09x of bf16 at
+        M = 32 ... 4096, where the Triton kernel (scales applied in registers) ran 0.80-1.42x.
         On a CPU torch._int_mm.
-  fp8   the same Triton kernel on e4m3 at M <= TRITON_MAX_M: torch._scaled_mm ran 0.89-1.24x of
-        bf16 there, Triton on int8 1.75-1.79x (at decode only a kernel that streams the weight
-        pays); torch._scaled_mm above it (0.95-1.79x: Hopper's e4m3 tensor cores) and on a CPU.
+  fp8   the same Triton kernel on e4m3 at M <= TRITON_MAX_M: torch._scaled_mm ran 0.97-1.25x of
+        bf16 there, the Triton kernel on e4m3 1.37-1.76x (at decode only a kernel that streams the
+        weight pays); torch._scaled_mm above it (1.00-1.83x of bf16: Hopper's e4m3 tensor cores)
+        and on a CPU.
 """
 from __future__ import annotations
 
