@@ -8,14 +8,14 @@
 2. Time (GPU only): DeepSeek-V2-Lite's shape (16 heads, latent 512, rotary key 64, pages of 64:
    the engine's for MLA on a GPU), batch 1 to 64 x contexts 1k to 32k: the split count the kernel
    chooses ("triton"), the same with the combine launched as the split kernel's programmatic
-   dependent ("triton PDL"; the engine's default is not to), one split ("triton 1 split"), and at batch 1 and 4
-   the counts around the chosen one ("triton S=n": the data the split rule answers to), each call
-   replayed in a CUDA graph, as GB/s of cached rows read (576 bf16 values a token) against the copy
-   bandwidth measured in the same run.
+   dependent ("triton PDL"; the engine's default is not to), one split ("triton 1 split"), and at
+   batch 1 and 4 the counts around the chosen one ("triton S=n": the data the split rule answers
+   to), each call replayed in a CUDA graph, as GB/s of cached rows read (576 bf16 values a token)
+   against the copy bandwidth measured in the same run.
 3. Tune (--tune, GPU only; the bench's "kernel-tune" part): every launch shape (TUNE_LAUNCH) x
-   page size (TUNE_PAGES) x PDL on and off at the split counts of 1-4 programs an SM on TUNE_SHAPES, each call
-   checked against the reference and timed whole and with its split kernel alone, written to
-   kernel-tune-<device>.json: the data triton_mla's launch constants are read from.
+   page size (TUNE_PAGES) x PDL on and off at the split counts of 1-4 programs an SM on
+   TUNE_SHAPES, each call checked against the reference and timed whole and with its split kernel
+   alone, written to kernel-tune-<device>.json: the data triton_mla's launch constants are read from.
 Writes results/<phase>/kernel-<device>.json. On CPU the kernel runs in Triton's interpreter.
 """
 from __future__ import annotations
@@ -148,19 +148,21 @@ TUNE_SHAPES = ((1, 32768), (4, 32768), (64, 4096))
 # on 8 warps 20-63%; the four below were within 5% of each shape's best.
 TUNE_LAUNCH = [(32, 4, 2), (32, 4, 3), (64, 8, 2), (64, 8, 3)]
 TUNE_WAVES = (1, 2, 4)      # 8 never won (batch 4 / 32k: 256 splits 80 us, 64 splits 65 us)
-# Pages of 16 (the engine's) and 64 (FlashMLA's): at 64 every tile lies in one page (TILE_IN_PAGE:
-# one page id a tile, consecutive rows) where at 16 a 32- or 64-row tile gathers a page id a row.
+# Pages of 16 (every other model's) and 64 (MLA's on a GPU, FlashMLA's): at 64 every tile lies in
+# one page (TILE_IN_PAGE: one page id a tile, consecutive rows) where at 16 a 32- or 64-row tile
+# gathers a page id a row.
 TUNE_PAGES = (16, 64)
 # The combine as the split kernel's programmatic dependent (triton_decode.use_pdl), and not.
 TUNE_PDL = (True, False)
-# about 2 minutes on an H100: 4 launches x 2 pages x 2 x 3 shapes x <= 3 split counts, each timed
-# twice (the split kernel alone, then with the combine)
+# about 2 minutes on an H100 (estimated): 4 launches x 2 pages x 2 x 3 shapes x <= 3 split counts,
+# each timed twice (the split kernel alone, then with the combine)
 TUNE_TOLERANCE = 2e-2       # check()'s, in bf16
 
 
 def tune_settings(B: int, context: int, page: int, sms: int):
     """(setting, latent_decode's keywords) for every launch x split count x PDL at one page size.
-    The split counts aim for 1, 2 and 4 programs an SM; one split has no combine (PDL moot)."""
+    The split counts aim for 1, 2 and 4 programs an SM; one split has no combine, so it is timed
+    once (under pdl=True, where PDL does nothing)."""
     for (block_n, warps, stages), pdl in itertools.product(TUNE_LAUNCH, TUNE_PDL):
         splits = sorted({choose_num_splits(B, 1, sms, context, block_n=block_n, waves=w, max_splits=1024)
                          for w in TUNE_WAVES})

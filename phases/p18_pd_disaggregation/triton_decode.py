@@ -218,9 +218,9 @@ def launch_options(num_warps: int, num_stages: int) -> dict:
     return {} if INTERPRETED else {"num_warps": num_warps, "num_stages": num_stages}
 
 
-# The combine as a programmatic dependent (use_pdl) by default: not yet. Written and checked on a
-# CPU, where it cannot run; the kernel benches time it ("triton PDL" rows, the p17 tune's pdl=True)
-# against the plain launch before the engine takes it.
+# The combine as a programmatic dependent (use_pdl) by default: not yet. Compiled for sm_90 on a
+# CPU (tests/test_hopper_compile.py), never run; the kernel benches time it ("triton PDL" rows, the
+# p17 tune's pdl=True) against the plain launch before the engine takes it.
 PDL_DEFAULT = False
 
 

@@ -150,9 +150,9 @@ class EngineConfig:
         latent kernel reads 32- or 64-row tiles, and a tile inside one page takes one page id and
         consecutive rows where pages of 16 gather a page id a row (triton_mla: the kernel-tune
         sweep, pages of 16 against 64). The CPU's torch reference does not care: 16 there."""
-        if self.block_size is None:
-            self.block_size = 64 if is_mla and self.device.startswith("cuda") else 16
-        return self.block_size
+        if self.block_size is not None:
+            return self.block_size
+        return 64 if is_mla and self.device.startswith("cuda") else 16
 
     def resolve_max_model_len(self, model_max_position: int) -> int:
         if self.max_model_len is None:

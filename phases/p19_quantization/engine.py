@@ -54,7 +54,7 @@ class LLM:
         self.config = EngineConfig(model=model, **options)
         self.source = resolve(self.config.model, seed=self.config.seed)
         self.model_config = self.source.config
-        self.config.resolve_block_size(self.model_config.is_mla)
+        self.config.block_size = self.config.resolve_block_size(self.model_config.is_mla)
         if self.model_config.is_mla and self.config.attention_backend == "flash-attn":
             # FlashAttention 4 has no latent-attention kernel: MLA decodes on ours (triton_mla.py)
             print("MLA model: attention_backend flash-attn -> triton (our latent kernel)", file=sys.stderr)

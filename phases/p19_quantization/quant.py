@@ -10,9 +10,9 @@ Per token and per channel, because an outlier then costs resolution only to its 
 column. A weight read is half of bf16's bytes: at decode, where a step reads every weight once and
 does little else, that is the speed. On a GPU the quantizer that makes xq is paid on every call:
 what INT8 must earn back at every M. Before q/k/v, gate/up and down the kernel that makes x does
-it on its rows (QuantizingRMSNorm, QuantizingMLP); o's input, attention's output, comes in float:
-where gemm_config picks the GEMV (decode) the GEMV quantizes it itself, else a quantizer kernel
-of its own runs first (triton_int8.py).
+it on its rows (QuantizingRMSNorm, QuantizingMLP); o's input, attention's output, comes in float
+and a quantizer kernel of its own runs first (triton_int8.py). Where gemm_config picks the GEMV
+(decode) the GEMV can quantize it itself instead (QUANTIZING_GEMV: off until timed).
 
 Which GEMM, by rows (M: a step's tokens, or a graph bucket's padded batch, a shape never a value),
 from the gemm bench on an H100, weights read cold (gemm-h100.json, git 98c52fd: a layer's four

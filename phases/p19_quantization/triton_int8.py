@@ -8,9 +8,10 @@ writes bf16.
   (fp8: scale = amax / 448 and q = x / scale cast to e4m3: the same kernel, another store type)
   The RMSNorm before q/k/v and before gate/up, and SiLU * up before down, do this themselves on
   the row they just computed (fused_elementwise: one kernel fewer each, no bf16 row written and
-  read back). o's input, attention's output, has no such producer: where gemm_config picks the
-  GEMV below (decode: M = 1 at llama-1b's and llama-8b's o) the GEMV quantizes it itself
-  (w8a8_gemv_quantizing); elsewhere it goes through the quantizer.
+  read back). o's input, attention's output, has no such producer: it goes through the
+  quantizer, or, where gemm_config picks the GEMV below (decode: M = 1 at llama-1b's and
+  llama-8b's o), the GEMV can quantize it itself (w8a8_gemv_quantizing; quant.QUANTIZING_GEMV,
+  off until timed on a GPU).
 
   w8a8_gemm, one program per (BLOCK_M, BLOCK_N) tile of out (M, N) (and slice of K, below):
     acc = sum_k q[m, k] * w[n, k]                   int8: int32, exact (|acc| < 127^2 K < 2^31 for
